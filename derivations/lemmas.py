@@ -1,0 +1,2 @@
+def bounds_source():
+    return ""

@@ -1,0 +1,372 @@
+# GENERATED FILE: DO NOT EDIT.
+# Produced by `unmask derive` (python -m derivations) from the SymPy derivations in
+# derivations/; `unmask derive --check` fails when this file is stale.
+"""JAX kernels generated from the symbolic derivation of the unmask losses.
+
+Shapes: X, V, Gamma, X0 are (d, n); per head W is (d, d), u is (d,), B is (n, n)
+(attention-matrix loss) or (n, d_v) (attention-output loss), Wv is (d, d_v).
+The assembled functions take stacked heads: W (H, d, d), U (H, d), B (H, ...).
+All functions are pure, jit-able and vmap-able, and compute in the dtype of
+their inputs (pass arrays of one dtype).
+"""
+
+import jax
+import jax.numpy as jnp
+
+
+def attention_head_loss(X, W, u, B):
+    """Loss: 1/2 ||softmax(X^T W X + 1 u^T X) - B||_F^2 (one head of the attention-matrix loss)."""
+    d, n = X.shape
+    dtype = X.dtype
+    u = jnp.reshape(u, (d, 1))
+    t0 = u.T
+    t1 = t0 @ X
+    t2 = jnp.broadcast_to(t1, (n, n))
+    t3 = X.T
+    t4 = W @ X
+    t5 = t3 @ t4
+    t6 = t2 + t5
+    t7 = jax.nn.softmax(t6, axis=-1)
+    t8 = t7 - B
+    t9 = jnp.sum(t8 * t8)
+    t10 = (0.5) * t9
+    return t10
+
+def attention_head_grad(X, W, u, B):
+    """Gradient of attention_head_loss with respect to X (d x n)."""
+    d, n = X.shape
+    dtype = X.dtype
+    u = jnp.reshape(u, (d, 1))
+    t0 = u.T
+    t1 = t0 @ X
+    t2 = jnp.broadcast_to(t1, (n, n))
+    t3 = X.T
+    t4 = W @ X
+    t5 = t3 @ t4
+    t6 = t2 + t5
+    t7 = jax.nn.softmax(t6, axis=-1)
+    t8 = t7 - B
+    t9 = t8 * t7
+    t10 = jnp.sum(t9, axis=1, keepdims=True)
+    t11 = jnp.broadcast_to(t10, (n, n))
+    t12 = t11 * t7
+    t13 = t9 - t12
+    t14 = t13.T
+    t15 = X @ t14
+    t16 = W @ t15
+    t17 = jnp.sum(t13, axis=0, keepdims=True)
+    t18 = u @ t17
+    t19 = W.T
+    t20 = X @ t13
+    t21 = t19 @ t20
+    t22 = t16 + t18 + t21
+    return t22
+
+def attention_head_hvp(X, V, W, u, B):
+    """Hessian of attention_head_loss applied to V (d x n)."""
+    d, n = X.shape
+    dtype = X.dtype
+    u = jnp.reshape(u, (d, 1))
+    t0 = u.T
+    t1 = t0 @ X
+    t2 = jnp.broadcast_to(t1, (n, n))
+    t3 = X.T
+    t4 = W @ X
+    t5 = t3 @ t4
+    t6 = t2 + t5
+    t7 = jax.nn.softmax(t6, axis=-1)
+    t8 = t7 - B
+    t9 = t8 * t7
+    t10 = jnp.sum(t9, axis=1, keepdims=True)
+    t11 = jnp.broadcast_to(t10, (n, n))
+    t12 = t0 @ V
+    t13 = jnp.broadcast_to(t12, (n, n))
+    t14 = V.T
+    t15 = t14 @ t4
+    t16 = W @ V
+    t17 = t3 @ t16
+    t18 = t13 + t15 + t17
+    t19 = t18 * t7
+    t20 = jnp.sum(t19, axis=1, keepdims=True)
+    t21 = jnp.broadcast_to(t20, (n, n))
+    t22 = t21 * t7
+    t23 = t15 + t17
+    t24 = t13 + t23
+    t25 = t24 * t7
+    t26 = t25 - t22
+    t27 = t11 * t26
+    t28 = t26 * t7
+    t29 = t26 * t8
+    t30 = t28 + t29
+    t31 = jnp.sum(t30, axis=1, keepdims=True)
+    t32 = jnp.broadcast_to(t31, (n, n))
+    t33 = t32 * t7
+    t34 = t27 + t33
+    t35 = t29 + t28
+    t36 = t35 - t34
+    t37 = jnp.sum(t36, axis=0, keepdims=True)
+    t38 = u @ t37
+    t39 = t11 * t7
+    t40 = t9 - t39
+    t41 = W.T
+    t42 = t14 @ t41
+    t43 = t40 @ t42
+    t44 = t19 - t22
+    t45 = t44 * t8
+    t46 = t44 * t7
+    t47 = t45 + t46
+    t48 = jnp.sum(t47, axis=1, keepdims=True)
+    t49 = jnp.broadcast_to(t48, (n, n))
+    t50 = t49 * t7
+    t51 = t11 * t44
+    t52 = t45 + t46 - t50 - t51
+    t53 = t3 @ t41
+    t54 = t52 @ t53
+    t55 = t43 + t54
+    t56 = t55.T
+    t57 = V @ t40
+    t58 = t41 @ t57
+    t59 = X @ t36
+    t60 = t41 @ t59
+    t61 = t58 + t60
+    t62 = t38 + t56 + t61
+    return t62
+
+
+def output_head_loss(X, W, u, Wv, B):
+    """Loss: 1/2 ||softmax(X^T W X + 1 u^T X) X^T W_V - B||_F^2 (one head of the attention-output loss)."""
+    d, n = X.shape
+    dtype = X.dtype
+    dv = Wv.shape[1]
+    u = jnp.reshape(u, (d, 1))
+    t0 = u.T
+    t1 = t0 @ X
+    t2 = jnp.broadcast_to(t1, (n, n))
+    t3 = X.T
+    t4 = W @ X
+    t5 = t3 @ t4
+    t6 = t2 + t5
+    t7 = jax.nn.softmax(t6, axis=-1)
+    t8 = t3 @ Wv
+    t9 = t7 @ t8
+    t10 = t9 - B
+    t11 = jnp.sum(t10 * t10)
+    t12 = (0.5) * t11
+    return t12
+
+def output_head_grad(X, W, u, Wv, B):
+    """Gradient of output_head_loss with respect to X (d x n)."""
+    d, n = X.shape
+    dtype = X.dtype
+    dv = Wv.shape[1]
+    u = jnp.reshape(u, (d, 1))
+    t0 = u.T
+    t1 = t0 @ X
+    t2 = jnp.broadcast_to(t1, (n, n))
+    t3 = X.T
+    t4 = W @ X
+    t5 = t3 @ t4
+    t6 = t2 + t5
+    t7 = jax.nn.softmax(t6, axis=-1)
+    t8 = t3 @ Wv
+    t9 = t7 @ t8
+    t10 = t9 - B
+    t11 = Wv.T
+    t12 = t11 @ X
+    t13 = t10 @ t12
+    t14 = t13 * t7
+    t15 = jnp.sum(t14, axis=1, keepdims=True)
+    t16 = jnp.broadcast_to(t15, (n, n))
+    t17 = t16 * t7
+    t18 = t14 - t17
+    t19 = t18.T
+    t20 = X @ t19
+    t21 = W @ t20
+    t22 = t10.T
+    t23 = t22 @ t7
+    t24 = Wv @ t23
+    t25 = jnp.sum(t18, axis=0, keepdims=True)
+    t26 = u @ t25
+    t27 = W.T
+    t28 = X @ t18
+    t29 = t27 @ t28
+    t30 = t21 + t24 + t26 + t29
+    return t30
+
+def output_head_hvp(X, V, W, u, Wv, B):
+    """Hessian of output_head_loss applied to V (d x n)."""
+    d, n = X.shape
+    dtype = X.dtype
+    dv = Wv.shape[1]
+    u = jnp.reshape(u, (d, 1))
+    t0 = u.T
+    t1 = t0 @ X
+    t2 = jnp.broadcast_to(t1, (n, n))
+    t3 = X.T
+    t4 = W @ X
+    t5 = t3 @ t4
+    t6 = t2 + t5
+    t7 = jax.nn.softmax(t6, axis=-1)
+    t8 = t3 @ Wv
+    t9 = t7 @ t8
+    t10 = t9 - B
+    t11 = Wv.T
+    t12 = t11 @ X
+    t13 = t10 @ t12
+    t14 = t13 * t7
+    t15 = jnp.sum(t14, axis=1, keepdims=True)
+    t16 = jnp.broadcast_to(t15, (n, n))
+    t17 = t0 @ V
+    t18 = jnp.broadcast_to(t17, (n, n))
+    t19 = V.T
+    t20 = t19 @ t4
+    t21 = W @ V
+    t22 = t3 @ t21
+    t23 = t18 + t20 + t22
+    t24 = t23 * t7
+    t25 = jnp.sum(t24, axis=1, keepdims=True)
+    t26 = jnp.broadcast_to(t25, (n, n))
+    t27 = t26 * t7
+    t28 = t20 + t22
+    t29 = t18 + t28
+    t30 = t29 * t7
+    t31 = t30 - t27
+    t32 = t16 * t31
+    t33 = t13 * t31
+    t34 = t11 @ V
+    t35 = t10 @ t34
+    t36 = t31 @ t8
+    t37 = t19 @ Wv
+    t38 = t7 @ t37
+    t39 = t36 + t38
+    t40 = t39 @ t12
+    t41 = t35 + t40
+    t42 = t41 * t7
+    t43 = t33 + t42
+    t44 = jnp.sum(t43, axis=1, keepdims=True)
+    t45 = jnp.broadcast_to(t44, (n, n))
+    t46 = t45 * t7
+    t47 = t32 + t46
+    t48 = t43 - t47
+    t49 = jnp.sum(t48, axis=0, keepdims=True)
+    t50 = u @ t49
+    t51 = t16 * t7
+    t52 = t14 - t51
+    t53 = W.T
+    t54 = t19 @ t53
+    t55 = t52 @ t54
+    t56 = t24 - t27
+    t57 = t13 * t56
+    t58 = t56 @ t8
+    t59 = t58 + t38
+    t60 = t59 @ t12
+    t61 = t35 + t60
+    t62 = t61 * t7
+    t63 = t57 + t62
+    t64 = jnp.sum(t63, axis=1, keepdims=True)
+    t65 = jnp.broadcast_to(t64, (n, n))
+    t66 = t65 * t7
+    t67 = t16 * t56
+    t68 = t57 + t62 - t66 - t67
+    t69 = t3 @ t53
+    t70 = t68 @ t69
+    t71 = t55 + t70
+    t72 = t71.T
+    t73 = t10.T
+    t74 = t73 @ t31
+    t75 = Wv @ t74
+    t76 = t59.T
+    t77 = t76 @ t7
+    t78 = Wv @ t77
+    t79 = t75 + t78
+    t80 = V @ t52
+    t81 = t53 @ t80
+    t82 = X @ t48
+    t83 = t53 @ t82
+    t84 = t81 + t83
+    t85 = t50 + t72 + t79 + t84
+    return t85
+
+
+def regulariser_loss(X, Gamma, X0):
+    """Loss: 1/2 ||Gamma o (X - X0)||_F^2 (entrywise weights Gamma >= 0, prior X0)."""
+    d, n = X.shape
+    dtype = X.dtype
+    t0 = X - X0
+    t1 = t0 * Gamma
+    t2 = jnp.sum(t1 * t1)
+    t3 = (0.5) * t2
+    return t3
+
+def regulariser_grad(X, Gamma, X0):
+    """Gradient of regulariser_loss with respect to X (d x n)."""
+    d, n = X.shape
+    dtype = X.dtype
+    t0 = X - X0
+    t1 = t0 * Gamma
+    t2 = t1 * Gamma
+    return t2
+
+def regulariser_hvp(X, V, Gamma, X0):
+    """Hessian of regulariser_loss applied to V (d x n)."""
+    d, n = X.shape
+    dtype = X.dtype
+    t0 = Gamma * V
+    t1 = t0 * Gamma
+    return t1
+
+
+# Assembly: sum over heads (leading axis of W, U, B[, Wv]) plus the regulariser,
+# and the dense Hessian as the matrix of the HVP operator (row-major vec).
+
+
+def _sum_heads(fn, X, heads, in_axes):
+    return jnp.sum(jax.vmap(fn, in_axes=in_axes)(X, *heads), axis=0)
+
+
+def attention_loss(X, W, U, B, Gamma, X0):
+    """sum_h attention_head_loss(X, W[h], U[h], B[h]) + regulariser_loss(X, Gamma, X0)."""
+    return _sum_heads(attention_head_loss, X, (W, U, B), (None, 0, 0, 0)) + regulariser_loss(X, Gamma, X0)
+
+
+def attention_grad(X, W, U, B, Gamma, X0):
+    """Gradient of attention_loss with respect to X (d x n)."""
+    return _sum_heads(attention_head_grad, X, (W, U, B), (None, 0, 0, 0)) + regulariser_grad(X, Gamma, X0)
+
+
+def attention_hvp(X, V, W, U, B, Gamma, X0):
+    """Hessian of attention_loss applied to V (d x n)."""
+    head = jax.vmap(attention_head_hvp, in_axes=(None, None, 0, 0, 0))(X, V, W, U, B)
+    return jnp.sum(head, axis=0) + regulariser_hvp(X, V, Gamma, X0)
+
+
+def attention_hessian(X, W, U, B, Gamma, X0):
+    """Dense (dn) x (dn) Hessian of attention_loss; column k is the HVP of basis matrix k."""
+    d, n = X.shape
+    basis = jnp.eye(d * n, dtype=X.dtype).reshape(d * n, d, n)
+    cols = jax.vmap(lambda E: attention_hvp(X, E, W, U, B, Gamma, X0))(basis)
+    return cols.reshape(d * n, d * n).T
+
+
+def output_loss(X, W, U, Wv, B, Gamma, X0):
+    """sum_h output_head_loss(X, W[h], U[h], Wv[h], B[h]) + regulariser_loss(X, Gamma, X0)."""
+    return _sum_heads(output_head_loss, X, (W, U, Wv, B), (None, 0, 0, 0, 0)) + regulariser_loss(X, Gamma, X0)
+
+
+def output_grad(X, W, U, Wv, B, Gamma, X0):
+    """Gradient of output_loss with respect to X (d x n)."""
+    return _sum_heads(output_head_grad, X, (W, U, Wv, B), (None, 0, 0, 0, 0)) + regulariser_grad(X, Gamma, X0)
+
+
+def output_hvp(X, V, W, U, Wv, B, Gamma, X0):
+    """Hessian of output_loss applied to V (d x n)."""
+    head = jax.vmap(output_head_hvp, in_axes=(None, None, 0, 0, 0, 0))(X, V, W, U, Wv, B)
+    return jnp.sum(head, axis=0) + regulariser_hvp(X, V, Gamma, X0)
+
+
+def output_hessian(X, W, U, Wv, B, Gamma, X0):
+    """Dense (dn) x (dn) Hessian of output_loss; column k is the HVP of basis matrix k."""
+    d, n = X.shape
+    basis = jnp.eye(d * n, dtype=X.dtype).reshape(d * n, d, n)
+    cols = jax.vmap(lambda E: output_hvp(X, E, W, U, Wv, B, Gamma, X0))(basis)
+    return cols.reshape(d * n, d * n).T
