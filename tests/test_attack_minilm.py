@@ -1,0 +1,155 @@
+"""The layer-0 attack on all-MiniLM-L6-v2: block errors, perturbations, input checks, decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from solver.errors import InvalidProblemError
+from unmask.attacks import minilm as atk
+
+
+def _brute_block_error(Qc, Kc, Qp, Kp, L, Wt, scale):
+    """The definition, one candidate at a time: sum over heads and rows of min_c sum w (S - L - c)^2."""
+    H, V, _ = Qc.shape
+    out = np.zeros(V)
+    for v in range(V):
+        Q = np.concatenate([Qp, Qc[:, v : v + 1]], axis=1)
+        K = np.concatenate([Kp, Kc[:, v : v + 1]], axis=1)
+        R = np.matmul(Q, np.swapaxes(K, 1, 2)) * scale - L
+        for h in range(H):
+            for i in range(R.shape[1]):
+                w, r = Wt[h, i], R[h, i]
+                if w.sum() == 0:
+                    continue
+                c = (w * r).sum() / w.sum()
+                out[v] += (w * (r - c) ** 2).sum()
+    return out
+
+
+@given(
+    m=st.integers(1, 5),
+    heads=st.integers(1, 3),
+    seed=st.integers(0, 2**31 - 1),
+    zeros=st.booleans(),
+)
+def test_block_errors_match_definition(m, heads, seed, zeros):
+    rng = np.random.default_rng(seed)
+    dh, V, scale = 4, 6, 0.5
+    Qc, Kc = rng.standard_normal((2, heads, V, dh))
+    Qp, Kp = rng.standard_normal((2, heads, m, dh))
+    L = rng.standard_normal((heads, m + 1, m + 1))
+    Wt = rng.uniform(0.1, 2.0, L.shape)
+    if zeros:
+        Wt[rng.uniform(size=L.shape) < 0.3] = 0.0
+    old = atk.known_row_sums(Qp, Kp, L, Wt, scale)
+    got = atk.block_errors(np, *atk.candidate_logits(np, Qc, Kc, Qp, Kp, scale), L, Wt, old)
+    want = _brute_block_error(Qc, Kc, Qp, Kp, L, Wt, scale)
+    # float64, O(10) terms of O(10): 1e-9 absolute leaves 1e5 ulps of slack
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-9)
+
+
+@given(m=st.integers(1, 5), seed=st.integers(0, 2**31 - 1))
+def test_true_candidate_has_zero_error_under_row_shifts(m, seed):
+    """The identity: L = S + row constants gives error 0 for the planted candidate only."""
+    rng = np.random.default_rng(seed)
+    H, dh, V, scale = 2, 4, 5, 0.5
+    Qc, Kc = rng.standard_normal((2, H, V, dh))
+    Qp, Kp = rng.standard_normal((2, H, m, dh))
+    Q = np.concatenate([Qp, Qc[:, :1]], axis=1)
+    K = np.concatenate([Kp, Kc[:, :1]], axis=1)
+    L = np.matmul(Q, np.swapaxes(K, 1, 2)) * scale + rng.standard_normal((H, m + 1, 1))
+    Wt = np.ones_like(L)
+    err = atk.block_errors(np, *atk.candidate_logits(np, Qc, Kc, Qp, Kp, scale), L, Wt, atk.known_row_sums(Qp, Kp, L, Wt, scale))
+    assert err[0] < 1e-20 + 1e-12 * err[1:].max()
+    assert err[1:].min() > 1e-6
+
+
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(2, 9))
+def test_perturbations_stay_row_stochastic(seed, n):
+    rng = np.random.default_rng(seed)
+    B = rng.dirichlet(np.ones(n), size=(3, n))
+    for P in (atk.gaussian_noise(B, 0.01, rng), atk.quantise(B, 8), atk.quantise(B, 4), atk.top_k(B, 2)):
+        assert P.min() >= 0
+        np.testing.assert_allclose(P.sum(-1), 1.0, rtol=0, atol=1e-12)
+    assert ((atk.top_k(B, 2) > 0).sum(-1) <= 2).all()
+    q = atk.quantise(B, 4).reshape(-1, n)  # a row holds at most 16 levels (k/15, rescaled)
+    assert max(np.unique(np.round(row, 12)).size for row in q) <= 16
+
+
+def test_check_attention_rejects_bad_maps():
+    good = np.full((12, 4, 4), 0.25, dtype=np.float32)
+    assert atk.check_attention(good).dtype == np.float64
+    with pytest.raises(InvalidProblemError, match=r"shape \(12, n, n\)"):
+        atk.check_attention(good[:, :3])
+    with pytest.raises(InvalidProblemError, match=r"shape \(12, n, n\)"):
+        atk.check_attention(good[:11])
+    with pytest.raises(InvalidProblemError, match="row-stochastic"):
+        atk.check_attention(good * 2)
+    bad = good.copy()
+    bad[0, 0, :2] = [-0.25, 0.75]
+    with pytest.raises(InvalidProblemError, match="non-negative"):
+        atk.check_attention(bad)
+    bad = good.copy()
+    bad[3, 1, 1] = np.nan
+    with pytest.raises(InvalidProblemError, match="NaN"):
+        atk.check_attention(bad)
+    with pytest.raises(InvalidProblemError, match="float32 or float64"):
+        atk.check_attention(good.astype(np.int64))
+    with pytest.raises(InvalidProblemError, match="512"):
+        atk.check_attention(np.full((12, 513, 513), 1 / 513))
+
+
+# ---- on the real model ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model():
+    minilm = pytest.importorskip("unmask.models.minilm")
+    return minilm.load()
+
+
+@pytest.mark.models
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The quick brown fox jumps over the lazy dog near the river bank.",
+        "In 1969, astronauts walked on the moon for the first time.",
+    ],
+)
+def test_layer0_decodes_text_exactly(model, text):
+    ids = model.encode(text)
+    B = model.forward(ids).B[0]  # float32, what a deployed model exposes
+    result = atk.decode_layer0(atk.check_attention(B), model)
+    assert result.ids.tolist() == ids.tolist()
+    assert result.text == model.decode(ids)
+    assert result.status == "verified"
+    # float32 maps reproduce to ~1e-6; a single wrong token moves entries by >> 1e-3
+    assert result.residual < 1e-5
+    assert np.all(result.margins[1:] > 1.0)
+
+
+@pytest.mark.models
+def test_layer0_decodes_random_tokens(model):
+    rng = np.random.default_rng(7)
+    ids = np.r_[101, rng.integers(999, model.vocab_size, 14), 102]
+    result = atk.decode_layer0(model.forward(ids).B[0], model)
+    assert result.ids.tolist() == ids.tolist()
+
+
+@pytest.mark.models
+def test_layer0_survives_zeros(model):
+    """Top-k truncation zeros most entries: they get weight 0 and decoding still succeeds."""
+    ids = model.encode("Please remove your shoes before entering the temple.")
+    B = atk.top_k(model.forward(ids).B[0].astype(np.float64), 6)
+    assert (B == 0).mean() > 0.4
+    result = atk.decode_layer0(B, model)
+    assert result.ids.tolist() == ids.tolist()
+    assert result.status == "inconsistent"  # the truncated maps are not the model's maps
+
+
+@pytest.mark.models
+def test_wrong_first_token_is_not_verified(model):
+    ids = model.encode("Please remove your shoes before entering the temple.")
+    result = atk.decode_layer0(model.forward(ids).B[0], model, first_token=1996)
+    assert result.status == "inconsistent"

@@ -1,0 +1,1 @@
+"""Attacks on real pretrained models: recover their input from what they expose."""
