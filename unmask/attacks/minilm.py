@@ -403,3 +403,125 @@ def scanner_for(model: _minilm.MiniLM) -> Layer0Scanner:
         _SCANNERS.clear()
         _SCANNERS[key] = Layer0Scanner(model)
     return _SCANNERS[key]
+
+
+# ---- deeper layers: the continuous problem ---------------------------------------------------------
+@dataclass
+class DeepLayerResult:
+    """A continuous recovery of one layer's input X from its maps.
+
+    **Fields**
+    - `X`: the recovered input (d x n).
+    - `residual`: relative weighted log-domain residual
+      ``||(S(X) - log B) P||_w / ||log B P||_w`` (rows centred): how well X explains the maps.
+    - `unknowns`, `equations`: d n against the number of independent entries of the
+      row-centred ``log B`` of all heads, H n (n - 1): when unknowns exceed equations a whole
+      family of inputs explains the maps exactly (underdetermined).
+    - `status`: "consistent" when the residual is below `tolerance`, else "inconsistent";
+      "underdetermined" is appended when unknowns exceed equations.
+    - `method`: what produced X.
+    - `seconds`: wall time.
+    """
+
+    X: np.ndarray
+    residual: float
+    unknowns: int
+    equations: int
+    status: str
+    method: str
+    seconds: float
+    iterations: int
+
+
+def log_domain_loss(X, Aq, bq, Ak, L, Wt, X0, lam):
+    """``1/2 sum_h ||(S_h(X) - L_h) P||_w^2 + lam/2 ||X - X0||^2`` and its gradient in X.
+
+    ``S_h(X) = X^T W_h X + 1 u_h^T X`` evaluated through the rank-32 factors of the head
+    (:meth:`MiniLM.query_key`): ``S_h = (A_q,h X + b_q,h 1^T)^T (A_k,h X) / sqrt(32)``, which
+    is the same matrix (``W_h = A_q,h^T A_k,h / sqrt 32``, ``u_h = A_k,h^T b_q,h / sqrt 32``)
+    at 1/12 of the cost. Each row is centred with its own weights (the optimal row
+    constant), so the gradient with respect to S is the weighted centred residual G_h.
+    """
+    H, dh, d = Aq.shape
+    n = X.shape[1]
+    scale = 1.0 / math.sqrt(dh)
+    Qf = (Aq.reshape(H * dh, d) @ X).reshape(H, dh, n) + bq[:, :, None]
+    K = (Ak.reshape(H * dh, d) @ X).reshape(H, dh, n)
+    S = np.matmul(np.swapaxes(Qf, 1, 2), K) * scale
+    R = S - L
+    sw = Wt.sum(-1, keepdims=True)
+    c = (Wt * R).sum(-1, keepdims=True) / np.where(sw > 0, sw, 1.0)
+    G = Wt * (R - c)
+    f = 0.5 * float((G * (R - c)).sum())
+    gK = np.matmul(Qf, G) * scale  # (H, dh, n)
+    gQ = np.matmul(K, np.swapaxes(G, 1, 2)) * scale
+    grad = Ak.reshape(H * dh, d).T @ gK.reshape(H * dh, n) + Aq.reshape(H * dh, d).T @ gQ.reshape(H * dh, n)
+    D = X - X0
+    return f + 0.5 * lam * float((D * D).sum()), grad + lam * D
+
+
+def recover_deep_layer(
+    B,
+    model: _minilm.MiniLM | None = None,
+    layer: int = 1,
+    *,
+    X0: np.ndarray | None = None,
+    lam: float = 1e-4,
+    maxiter: int = 500,
+    tolerance: float = 1e-3,
+) -> DeepLayerResult:
+    """Recover layer ``layer``'s input X (d x n) from its maps B (12, n, n) by continuous least squares.
+
+    The stand-in for the project's certified solver (``solver.recover``) until that exists:
+    L-BFGS on the row-centred log-domain identity, :func:`log_domain_loss`, from the prior
+    ``X0`` (default: the bias of the LayerNorm that produces this layer's input, repeated:
+    the mean of a LayerNorm output whose normalised part averages out), with a small ridge
+    ``lam`` towards it. Entries of B that are 0 get weight 0.
+    """
+    import scipy.optimize
+
+    start = time.perf_counter()
+    model = model or _minilm.load()
+    model.check_layer(layer)
+    B = np.asarray(B, dtype=np.float64)
+    H, n, _ = B.shape
+    Aq, bq, Ak = model.query_key(layer)
+    d = Aq.shape[2]
+    positive = B > 0
+    L = np.log(np.where(positive, B, 1.0))
+    Wt = positive.astype(np.float64)
+    if X0 is None:
+        X0 = np.repeat(prior_mean(model, layer)[:, None], n, axis=1)
+
+    def fun(x):
+        f, g = log_domain_loss(x.reshape(d, n), Aq, bq, Ak, L, Wt, X0, lam)
+        return f, g.ravel()
+
+    opt = scipy.optimize.minimize(
+        fun, X0.ravel(), jac=True, method="L-BFGS-B", options={"maxiter": maxiter, "maxcor": 30, "ftol": 1e-15, "gtol": 1e-10}
+    )
+    X = opt.x.reshape(d, n)
+    Lc = L - (Wt * L).sum(-1, keepdims=True) / np.maximum(Wt.sum(-1, keepdims=True), 1.0)
+    data, _ = log_domain_loss(X, Aq, bq, Ak, L, Wt, X, 0.0)
+    residual = math.sqrt(2.0 * data) / float(np.sqrt((Wt * Lc * Lc).sum()))
+    unknowns, equations = d * n, H * n * (n - 1)
+    status = "consistent" if residual <= tolerance else "inconsistent"
+    if unknowns > equations:
+        status += ", underdetermined"
+    return DeepLayerResult(
+        X=X,
+        residual=residual,
+        unknowns=unknowns,
+        equations=equations,
+        status=status,
+        method="log-domain least squares (L-BFGS; stand-in for solver.recover)",
+        seconds=time.perf_counter() - start,
+        iterations=int(opt.nit),
+    )
+
+
+def prior_mean(model: _minilm.MiniLM, layer: int) -> np.ndarray:
+    """The bias of the LayerNorm whose output is layer ``layer``'s input (d,), float64."""
+    w = model.weights
+    key = "embeddings.LayerNorm.bias" if layer == 0 else f"encoder.layer.{layer - 1}.output.LayerNorm.bias"
+    return w[key].astype(np.float64)
