@@ -153,3 +153,40 @@ def test_wrong_first_token_is_not_verified(model):
     ids = model.encode("Please remove your shoes before entering the temple.")
     result = atk.decode_layer0(model.forward(ids).B[0], model, first_token=1996)
     assert result.status == "inconsistent"
+
+
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(2, 6), lam=st.sampled_from([0.0, 0.3]))
+def test_log_domain_loss_gradient(seed, n, lam):
+    """Central differences in a random direction; float64, step 1e-6: agreement to 1e-6 relative."""
+    rng = np.random.default_rng(seed)
+    H, dh, d = 3, 2, 5
+    Aq, Ak = rng.standard_normal((2, H, dh, d))
+    bq = rng.standard_normal((H, dh))
+    X, X0, E = rng.standard_normal((3, d, n))
+    L = rng.standard_normal((H, n, n))
+    Wt = (rng.uniform(size=L.shape) > 0.25).astype(np.float64)
+    f, g = atk.log_domain_loss(X, Aq, bq, Ak, L, Wt, X0, lam)
+    h = 1e-6
+    fp, _ = atk.log_domain_loss(X + h * E, Aq, bq, Ak, L, Wt, X0, lam)
+    fm, _ = atk.log_domain_loss(X - h * E, Aq, bq, Ak, L, Wt, X0, lam)
+    assert abs((fp - fm) / (2 * h) - float((g * E).sum())) <= 1e-6 * (1.0 + abs(f) + float(np.abs(g).sum()))
+    # zero loss exactly when L is the logits plus row constants
+    W = np.einsum("hed,hef->hdf", Aq, Ak) / np.sqrt(dh)
+    u = np.einsum("hed,he->hd", Ak, bq) / np.sqrt(dh)
+    S = np.einsum("dn,hde,em->hnm", X, W, X) + (u @ X)[:, None, :] + rng.standard_normal((H, n, 1))
+    f0, _ = atk.log_domain_loss(X, Aq, bq, Ak, S, np.ones_like(S), X, 0.0)
+    assert f0 < 1e-20 * (1.0 + float((S * S).sum()))
+
+
+@pytest.mark.models
+def test_deep_layer_fits_maps_but_is_underdetermined(model):
+    """At layer 1 with n = 8 (d n = 3072 unknowns, 12 n (n-1) = 672 equations) the fit is
+    close but X is not the true input: reported as underdetermined, not as recovered."""
+    ids = model.encode("Close the door, please.")
+    trace = model.forward(ids)
+    r = atk.recover_deep_layer(trace.B[1], model, 1, maxiter=60)
+    assert "underdetermined" in r.status
+    assert r.unknowns == 384 * len(ids) and r.equations == 12 * len(ids) * (len(ids) - 1)
+    assert r.residual < 0.05  # from about 1 at the prior
+    X = trace.X[1].astype(np.float64)
+    assert np.linalg.norm(r.X - X) / np.linalg.norm(X) > 0.3
