@@ -12,6 +12,7 @@ objects) so that ``unmask derive --check`` can compare it byte for byte.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from pathlib import Path
 
@@ -292,8 +293,9 @@ import jax.numpy as jnp
 '''
 
 
+@functools.lru_cache(maxsize=1)
 def generate_source() -> str:
-    """The full text of ``solver/_generated.py``."""
+    """The full text of ``solver/_generated.py`` (derived once per process)."""
     from .lemmas import bounds_source  # lemma constants share the generator
 
     parts = [_HEADER]
