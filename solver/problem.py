@@ -289,7 +289,7 @@ def planted_instance(d: int, n: int, heads: int = 2, *, variant: str = ATTENTION
     W = rng.normal(scale=1.0 / np.sqrt(d), size=(heads, d, d))
     X = rng.normal(size=(d, n)) * np.sqrt(logit_scale) / d**0.25
     U = rng.normal(scale=1.0 / np.sqrt(d), size=(heads, d)) if bias else None
-    S = np.einsum("an,hab,bm->hnm", X, W, X) + (np.zeros((heads, d)) if U is None else U @ X)[:, None, :]
+    S = np.einsum("an,hab,bm->hnm", X, W, X) + (np.zeros((heads, n)) if U is None else U @ X)[:, None, :]
     F = np.exp(S - S.max(axis=-1, keepdims=True))
     F /= F.sum(axis=-1, keepdims=True)
     if variant == ATTENTION:
