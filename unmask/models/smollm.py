@@ -323,6 +323,30 @@ class SmolLM:
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    def embedding_classes(self) -> tuple[np.ndarray, list[list[int]]]:
+        """Tokens whose embedding rows are identical (after Q8_0 quantisation).
+
+        Returns ``(representatives, groups)``: the smallest id of every distinct row (int32,
+        sorted), and the groups of two or more ids sharing a row. Tokens in a group give
+        identical states at every layer and position, so no method can tell them apart; in
+        this GGUF there are 4 groups (15 tokens, mostly unused special tokens).
+        """
+        if not hasattr(self, "_classes"):
+            E = np.asarray(self.weights.embed)
+            _, first, inv = np.unique(E, axis=0, return_index=True, return_inverse=True)
+            inv = inv.reshape(-1)
+            groups = [sorted(np.flatnonzero(inv == c).tolist()) for c in np.flatnonzero(np.bincount(inv) > 1)]
+            self._classes = (np.sort(first).astype(np.int32), groups)
+        return self._classes
+
+    def equivalent(self, a, b) -> bool:
+        """Same token sequences up to tokens with identical embedding rows."""
+        a, b = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
+        if a.shape != b.shape:
+            return False
+        E = np.asarray(self.weights.embed)
+        return bool(np.array_equal(E[a], E[b]))
+
     # --- checks
     def check_layer(self, layer: int) -> int:
         layer = int(layer)

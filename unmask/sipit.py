@@ -1,0 +1,378 @@
+"""SipIt: exact prompt recovery from the hidden states of a causal LM (arXiv 2510.15511).
+
+Given the weights and the hidden states ``H`` (T, d) of *all* positions at one layer ``l``, the
+prompt is recovered position by position. At position ``t`` the prefix ``v_0 .. v_{t-1}`` is
+already known, so its keys and values (the KV cache) are fixed; a *policy* proposes candidate
+tokens ``v`` and a *verifier* computes the state ``F_l(prefix + v)_t`` for a batch of them at
+once on top of the cache and accepts the closest one when it lies within ``eps`` of ``H[t]``.
+
+Layer ``l`` is the residual stream after ``l`` blocks (``l = 0``: token embeddings; ``l = 30``:
+after the last block, before the final norm), see `unmask.models.smollm`.
+
+Policies:
+
+- `GradientPolicy` (the paper's): SGD on a continuous input embedding ``e`` at position ``t``
+  minimising ``||F_l(prefix, e)_t - H[t]||^2``, then propose the vocabulary embeddings nearest
+  to ``e`` that have not been tried yet; if none passes, take more steps and propose again.
+- `BruteForcePolicy`: the whole vocabulary in a random order (the baseline).
+
+Either way at most ``|V|`` candidates are verified per position. Theorem 3.2: if every observed
+state is within ``eps`` of the true one and ``eps < Delta / 2``, where ``Delta`` is the minimum
+distance between the states of two different candidates at that position, exactly one candidate
+passes, so the recovery is exact. When no candidate passes (states from another model, too much
+noise) the recovery stops and reports the failing position; it never labels a guess exact.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from solver.errors import InvalidProblemError, UnmaskError
+from unmask.models.smollm import SmolLM, SmolLMWeights
+
+#: Default verifier radius, relative to the norm of the observed state. float32 recomputation
+#: (a batched KV-cache pass against a full causal pass, or another implementation) differs by a
+#: few 1e-6 relative; the states of different tokens differ by far more (see `candidate_delta`).
+DEFAULT_REL_EPS = 1e-4
+
+
+class RecoveryFailedError(UnmaskError):
+    """No candidate token passed the verifier at some position."""
+
+
+def _pow2(n: int, least: int = 8) -> int:
+    return max(least, 1 << (int(n) - 1).bit_length())
+
+
+def _bucket(n: int, size: int = 32) -> int:
+    return max(size, -(-n // size) * size)
+
+
+@dataclass
+class SipItResult:
+    """What `sipit` recovered.
+
+    ``recovered``: token ids verified so far (all ``T`` when ``complete``). ``exact``: recovered
+    equals ``original`` (``None`` when no original was given). ``candidates_per_position``: how
+    many candidate states the verifier computed at each position (whole batches counted).
+    ``exact_up_to_duplicates``: equal up to tokens with identical embedding rows (which no method
+    can distinguish, see `SmolLM.embedding_classes`). ``distances``: verifier distance of the accepted token at each position (same unit as the
+    states). ``failed_position``: the position where no candidate passed, else ``None``.
+    """
+
+    layer: int
+    policy: str
+    eps: list[float]
+    recovered: list[int]
+    complete: bool
+    failed_position: int | None
+    candidates_per_position: list[int]
+    distances: list[float]
+    seconds: float
+    vocab_size: int
+    original: list[int] | None = None
+    exact: bool | None = None
+    exact_up_to_duplicates: bool | None = None
+    seconds_per_position: list[float] = field(default_factory=list)
+
+    @property
+    def vocab_fraction(self) -> float:
+        """Mean fraction of the vocabulary verified per position."""
+        c = self.candidates_per_position
+        return float(np.mean(c)) / self.vocab_size if c else 0.0
+
+    def to_json(self, tokenizer=None) -> dict:
+        out = {
+            "layer": self.layer,
+            "policy": self.policy,
+            "original_ids": self.original,
+            "recovered_ids": self.recovered,
+            "exact": self.exact,
+            "exact_up_to_duplicate_embeddings": self.exact_up_to_duplicates,
+            "complete": self.complete,
+            "failed_position": self.failed_position,
+            "candidates_per_position": self.candidates_per_position,
+            "vocab_fraction_explored": self.vocab_fraction,
+            "verifier_distance": self.distances,
+            "eps": self.eps,
+            "seconds": self.seconds,
+            "seconds_per_position": self.seconds_per_position,
+        }
+        if tokenizer is not None:
+            out["original"] = None if self.original is None else tokenizer.decode(self.original)
+            out["recovered"] = tokenizer.decode(self.recovered)
+        return out
+
+
+class _Context:
+    """Jitted pieces shared by the policies and the verifier for one model and layer."""
+
+    def __init__(self, model: SmolLM, layer: int):
+        self.model = model
+        self.layer = layer
+        self.w: SmolLMWeights = model.weights.blocks(layer)
+        E = model.weights.embed
+        self.embed_sq = jnp.sum(E * E, axis=1)
+
+        def states(w, ck, cv, pos, x):
+            return model._extend_jit(w, ck, cv, pos, x, model.cos, model.sin)
+
+        def verify(w, ck, cv, pos, ids, target):
+            h, k, v = states(w, ck, cv, pos, w.embed[ids])
+            return jnp.sqrt(jnp.sum(jnp.square(h - target), axis=1)), k, v
+
+        def losses(e, w, ck, cv, pos, target, scale):
+            h, _, _ = states(w, ck, cv, pos, e)
+            return jnp.sum(jnp.square((h - target) / scale), axis=1)
+
+        def sgd(w, ck, cv, pos, target, scale, e, i0, steps, lr, horizon):
+            # Normalised gradient steps, one per chain (rows of e), with a step length decaying
+            # linearly over `horizon` steps: the loss scale changes by orders of magnitude from
+            # layer 1 to 30, the step length must not.
+            def body(i, carry):
+                e, _ = carry
+                l, vjp = jax.vjp(lambda e: losses(e, w, ck, cv, pos, target, scale), e)
+                (g,) = vjp(jnp.ones_like(l))
+                g = jnp.where(jnp.isfinite(g), g, jnp.float32(0.0))
+                frac = jnp.maximum(jnp.float32(0.05), 1.0 - (i0 + i).astype(jnp.float32) / horizon)
+                return e - lr * frac * g / (jnp.linalg.norm(g, axis=1, keepdims=True) + jnp.float32(1e-30)), l
+
+            l0 = jnp.zeros((e.shape[0],), jnp.float32)
+            return jax.lax.fori_loop(jnp.int32(0), steps, body, (e, l0))
+
+        def nearest_order(E, embed_sq, e):
+            return embed_sq[None, :] - 2.0 * (e @ E.T)
+
+        self.verify = jax.jit(verify)
+        self.sgd = jax.jit(sgd)
+        self.nearest = jax.jit(nearest_order)
+
+    def candidate_states(self, ck, cv, pos, ids):
+        h, _, _ = self.model._extend_jit(self.w, ck, cv, jnp.int32(pos), self.w.embed[ids], self.model.cos, self.model.sin)
+        return h
+
+
+class BruteForcePolicy:
+    """The baseline: every token in a random order, ``batch`` at a time."""
+
+    name = "bruteforce"
+
+    def __init__(self, batch: int = 512, seed: int = 0):
+        self.batch = batch
+        self.rng = np.random.default_rng(seed)
+
+    def proposals(self, ctx: _Context, ck, cv, pos: int, target, visited: np.ndarray):
+        order = self.rng.permutation(ctx.model.config.vocab_size).astype(np.int32)
+        for s in range(0, len(order), self.batch):
+            yield order[s : s + self.batch]
+
+
+class GradientPolicy:
+    """SGD on continuous embeddings at the current position, proposing nearest unvisited tokens.
+
+    ``chains`` embeddings (rows of ``e``, started at random vocabulary embeddings) take
+    normalised gradient steps on ``sum_i ((F_l(prefix, e)_t - H[t])_i / s_i)^2``, where
+    ``s_i = |H[t]_i| + median|H[t]|`` keeps the few massive activations of the residual stream
+    (up to 2e4 at the first position) from hiding every other coordinate. The chains run as one
+    batch: at batch 1 a pass is bound by reading the weights, so 16 chains cost about one.
+    After every ``steps`` steps each chain proposes its ``per_chain`` nearest unvisited tokens.
+
+    **Arguments**
+    - ``chains``: parallel continuous embeddings.
+    - ``steps``: gradient steps between proposal rounds.
+    - ``lr``: initial step length (embedding units; token embeddings have norm about 3).
+    - ``horizon``: steps over which the step length decays linearly to 5% of ``lr``; after
+      that the chains restart from fresh random tokens.
+    - ``per_chain``: proposals per chain in the first rounds; doubled every second round
+      after that, up to ``max_batch`` candidates per round.
+    """
+
+    name = "gradient"
+
+    def __init__(self, chains: int = 16, steps: int = 5, lr: float = 1.0, horizon: int = 40,
+                 per_chain: int = 4, max_batch: int = 1024, seed: int = 0):
+        self.chains = chains
+        self.max_batch = max_batch
+        self.steps = steps
+        self.lr = lr
+        self.horizon = horizon
+        self.per_chain = per_chain
+        self.rng = np.random.default_rng(seed)
+
+    def proposals(self, ctx: _Context, ck, cv, pos: int, target, visited: np.ndarray):
+        E = ctx.w.embed
+        V = E.shape[0]
+        absd = jnp.abs(target)
+        scale = absd + jnp.median(absd)
+        i = 0
+        while not visited.all():
+            if i % self.horizon == 0:
+                e = E[jnp.asarray(self.rng.integers(0, V, self.chains), dtype=jnp.int32)]
+            e, _ = ctx.sgd(ctx.w, ck, cv, jnp.int32(pos), target, scale, e, jnp.int32(i % self.horizon),
+                           jnp.int32(self.steps), jnp.float32(self.lr), jnp.float32(self.horizon))
+            i += self.steps
+            score = np.array(ctx.nearest(E, ctx.embed_sq, e), dtype=np.float32)
+            score[:, visited] = np.inf
+            # widen the proposals as rounds fail, so a hard position degrades to a scan of the
+            # vocabulary in nearest-first order at full batch throughput instead of stalling
+            r = i // self.steps - 1
+            m = min(self.per_chain << min(r // 2, 7), self.max_batch // self.chains, int((~visited).sum()))
+            top = np.argpartition(score, m - 1, axis=1)[:, :m]
+            ids = np.unique(top[np.isfinite(np.take_along_axis(score, top, axis=1))]).astype(np.int32)
+            if ids.size:
+                yield ids
+
+
+def _as_policy(policy) -> GradientPolicy | BruteForcePolicy:
+    if isinstance(policy, (GradientPolicy, BruteForcePolicy)):
+        return policy
+    if policy == "gradient":
+        return GradientPolicy()
+    if policy in ("bruteforce", "brute-force", "random"):
+        return BruteForcePolicy()
+    raise InvalidProblemError(f"unknown policy {policy!r}; use 'gradient' or 'bruteforce'")
+
+
+def check_states(model: SmolLM, states, layer: int) -> np.ndarray:
+    """Validate observed hidden states: shape ``(T, d)``, finite, T within the model's context."""
+    layer = model.check_layer(layer)
+    H = np.asarray(states)
+    d = model.config.d_model
+    if H.ndim != 2 or H.shape[1] != d:
+        raise InvalidProblemError(
+            f"hidden states must have shape (T, {d}) (all positions at one layer), got {H.shape}"
+        )
+    if H.shape[0] < 1 or H.shape[0] > model.max_len:
+        raise InvalidProblemError(f"hidden states cover {H.shape[0]} positions; need 1 to {model.max_len}")
+    if not np.all(np.isfinite(H)):
+        raise InvalidProblemError("hidden states contain NaN or infinite values")
+    return H.astype(np.float32)
+
+
+def sipit(
+    model: SmolLM,
+    states,
+    layer: int,
+    *,
+    policy="gradient",
+    eps: float | None = None,
+    rel_eps: float = DEFAULT_REL_EPS,
+    max_candidates: int | None = None,
+    original=None,
+    raise_on_failure: bool = False,
+) -> SipItResult:
+    """Recover the prompt whose hidden states at ``layer`` are ``states``.
+
+    **Arguments**
+    - ``model``: the `SmolLM` whose weights produced the states.
+    - ``states``: float array ``(T, 576)``, the residual stream at ``layer`` for every position.
+    - ``layer``: 0..30 (see the module docstring).
+    - ``policy``: ``"gradient"``, ``"bruteforce"`` or a policy object.
+    - ``eps``: verifier radius (absolute, state units). Default ``rel_eps * ||states[t]||``.
+    - ``max_candidates``: give up at a position after this many candidates (default ``|V|``).
+    - ``original``: the true ids, if known, to fill ``exact``.
+    - ``raise_on_failure``: raise `RecoveryFailedError` instead of returning a partial result.
+    """
+    H = check_states(model, states, layer)
+    layer = int(layer)
+    pol = _as_policy(policy)
+    V = model.config.vocab_size
+    limit = V if max_candidates is None else int(max_candidates)
+    T = H.shape[0]
+    ctx = _Context(model, layer)
+    ck, cv = model.empty_cache(layer, _bucket(T))
+    norms = np.linalg.norm(H, axis=1)
+    eps_t = [float(eps) if eps is not None else float(rel_eps * n) for n in norms]
+
+    recovered: list[int] = []
+    counts: list[int] = []
+    dists: list[float] = []
+    per_pos: list[float] = []
+    failed = None
+    t0 = time.perf_counter()
+    for t in range(T):
+        tp = time.perf_counter()
+        target = jnp.asarray(H[t])
+        visited = np.zeros(V, dtype=bool)
+        tried = 0
+        accepted = None
+        for ids in pol.proposals(ctx, ck, cv, t, target, visited):
+            ids = ids[~visited[ids]][: limit - tried]
+            if ids.size == 0:
+                break
+            visited[ids] = True
+            n = ids.size
+            padded = np.concatenate([ids, np.full(_pow2(n) - n, ids[0], dtype=np.int32)])  # few jit shapes
+            d, k, v = ctx.verify(ctx.w, ck, cv, jnp.int32(t), jnp.asarray(padded), target)
+            tried += n
+            d = np.asarray(d)[:n]
+            j = int(np.argmin(d))
+            if d[j] <= eps_t[t]:
+                accepted = (int(ids[j]), float(d[j]), k[:, j], v[:, j])
+                break
+            if tried >= limit:
+                break
+        counts.append(tried)
+        per_pos.append(time.perf_counter() - tp)
+        if accepted is None:
+            failed = t
+            break
+        tok, dist, k, v = accepted
+        recovered.append(tok)
+        dists.append(dist)
+        ck, cv = ck.at[:, t].set(k), cv.at[:, t].set(v)
+    seconds = time.perf_counter() - t0
+    orig = None if original is None else [int(i) for i in np.asarray(original)]
+    result = SipItResult(
+        layer=layer, policy=pol.name, eps=eps_t, recovered=recovered, complete=failed is None,
+        failed_position=failed, candidates_per_position=counts, distances=dists, seconds=seconds,
+        vocab_size=V, original=orig, exact=None if orig is None else (failed is None and recovered == orig),
+        seconds_per_position=per_pos,
+        exact_up_to_duplicates=None if orig is None else (failed is None and model.equivalent(recovered, orig)),
+    )
+    if failed is not None and raise_on_failure:
+        raise RecoveryFailedError(
+            f"no token within eps={eps_t[failed]:.3g} of the observed state at position {failed} after "
+            f"{counts[-1]} candidates at layer {layer}: the states do not come from this model and layer, "
+            "or their noise exceeds half the minimum distance between candidate states"
+        )
+    return result
+
+
+def candidate_delta(model: SmolLM, prefix, layer: int, batch: int = 1024, block: int = 4096) -> dict:
+    """Theorem 3.2's margin at one position: the states of *every* token after ``prefix``.
+
+    Computes ``F_l(prefix + v)`` for one ``v`` per distinct embedding row (tokens sharing a row
+    have identical states, Delta 0 trivially; see `SmolLM.embedding_classes`), batched on the KV
+    cache of the prefix, and the minimum pairwise L2 distance ``Delta`` among them (exact,
+    blocked, float64).
+    Returns ``{"delta", "pair", "median_norm", "position"}``. Cost: ``|V|`` single-position passes.
+    """
+    from unmask.collisions import min_pairwise_distance
+
+    layer = model.check_layer(layer)
+    prefix = model.check_tokens(np.asarray(prefix, dtype=np.int32).reshape(-1))
+    ctx = _Context(model, layer)
+    P = len(prefix)
+    ck, cv = model.empty_cache(layer, _bucket(P + 1))
+    for t, tok in enumerate(prefix):
+        _, k, v = ctx.verify(ctx.w, ck, cv, jnp.int32(t), jnp.asarray([tok], dtype=jnp.int32), jnp.zeros((model.config.d_model,), jnp.float32))
+        ck, cv = ck.at[:, t].set(k[:, 0]), cv.at[:, t].set(v[:, 0])
+    reps = model.embedding_classes()[0]
+    S = np.empty((len(reps), model.config.d_model), dtype=np.float32)
+    for s in range(0, len(reps), batch):
+        ids = reps[s : s + batch]
+        pad = np.concatenate([ids, np.zeros(batch - len(ids), dtype=np.int32)])
+        S[s : s + len(ids)] = np.asarray(ctx.candidate_states(ck, cv, P, jnp.asarray(pad)))[: len(ids)]
+    nn = min_pairwise_distance(S, block=block)
+    return {
+        "delta": nn["min_distance"],
+        "pair": (int(reps[nn["pair"][0]]), int(reps[nn["pair"][1]])),
+        "median_norm": float(np.median(np.linalg.norm(S, axis=1))),
+        "position": P,
+    }
