@@ -310,8 +310,9 @@ def generate_source() -> str:
 
 def scalar_function(name: str, expr, args: list[sp.Symbol], doc: str) -> str:
     """Print a scalar SymPy expression as a JAX function of ``args``."""
-    printer = JaxPrinter({"fully_qualified_modules": False})
-    code = printer.doprint(expr).replace("numpy.", "jnp.")
+    code = JaxPrinter().doprint(expr).replace("jax.numpy.", "jnp.")
+    if "functools" in code or "numpy." in code.replace("jnp.", ""):
+        raise NotImplementedError(f"scalar_function: unsupported construct in {code}")
     return f'def {name}({", ".join(str(a) for a in args)}):\n    """{doc}"""\n    return {code}\n'
 
 

@@ -370,3 +370,107 @@ def output_hessian(X, W, U, Wv, B, Gamma, X0):
     basis = jnp.eye(d * n, dtype=X.dtype).reshape(d * n, d, n)
     cols = jax.vmap(lambda E: output_hvp(X, E, W, U, Wv, B, Gamma, X0))(basis)
     return cols.reshape(d * n, d * n).T
+
+
+# Lemma constants (derivations/lemmas.py), as functions of the region's parameters.
+
+
+def bound_logit_bound(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """every logit is bounded: max_ij |S_ij| <= omega R^2 + mu R."""
+    return R**2*omega + R*mu
+
+
+def bound_logit_jacobian(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """the logits are J_S-Lipschitz in X: ||dS[V]||_F <= J_S ||V||_F, J_S = 2 omega sigma + sqrt(n) mu."""
+    return mu*jnp.sqrt(n) + 2*omega*sigma
+
+
+def bound_logit_curvature(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """second derivative of the logits: ||d2S[V,V]||_F <= 2 omega ||V||_F^2."""
+    return 2*omega
+
+
+def bound_softmax_jacobian(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """||diag(f) - f f^T||_2 <= c1 = 1/2 for every f in the simplex."""
+    return 1/2
+
+
+def bound_softmax_second(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """||d2 softmax(s)[a, a]|| <= c2 ||a||^2 for every s."""
+    return (32/125)*jnp.sqrt(5)
+
+
+def bound_softmax_third(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """||d3 softmax(s)[a, a, a]|| <= c3 ||a||^3 for every s."""
+    return 7/4
+
+
+def bound_gradient_bound(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """||grad L_att||_F <= H J_S sqrt(n) rho / 2 on the region."""
+    return (1/2)*H*jnp.sqrt(n)*rho*(mu*jnp.sqrt(n) + 2*omega*sigma)
+
+
+def bound_gradient_lipschitz(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """||hess L||_2 <= L_g on the region (L = L_att + L_reg)."""
+    return H*(jnp.sqrt(n)*omega*rho + (32/125)*jnp.sqrt(5)*rho*(mu*jnp.sqrt(n) + 2*omega*sigma)**2 + (1/4)*(mu*jnp.sqrt(n) + 2*omega*sigma)**2) + gamma_max**2
+
+
+def bound_hessian_lipschitz(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """the Hessian of L is M-Lipschitz: ||hess L(X) - hess L(Y)||_2 <= M ||X - Y||_F."""
+    return H*((3/2)*omega*(mu*jnp.sqrt(n) + 2*omega*sigma) + rho*((192/125)*jnp.sqrt(5)*omega*(mu*jnp.sqrt(n) + 2*omega*sigma) + (7/4)*(mu*jnp.sqrt(n) + 2*omega*sigma)**3) + (48/125)*jnp.sqrt(5)*(mu*jnp.sqrt(n) + 2*omega*sigma)**3)
+
+
+def bound_strong_convexity(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """lambda_min(hess L) >= l = gamma^2 - H negcurv on the region."""
+    return -H*(jnp.sqrt(n)*omega*rho + (32/125)*jnp.sqrt(5)*rho*(mu*jnp.sqrt(n) + 2*omega*sigma)**2) + gamma**2
+
+
+def bound_gradient_bound_output(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """||grad L_out||_F <= H J_O sqrt(n) rho on the region."""
+    return H*n*omega_V*(R*omega_V + beta)*((1/2)*R*(mu*jnp.sqrt(n) + 2*omega*sigma) + 1)
+
+
+def bound_gradient_lipschitz_output(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """||hess L||_2 <= L_g on the region (L = L_out + L_reg)."""
+    return H*(n*omega_V**2*((1/2)*R*(mu*jnp.sqrt(n) + 2*omega*sigma) + 1)**2 + omega_V*(R*omega_V + beta)*(R*jnp.sqrt(n)*(jnp.sqrt(n)*omega + (32/125)*jnp.sqrt(5)*(mu*jnp.sqrt(n) + 2*omega*sigma)**2) + jnp.sqrt(n)*(mu*jnp.sqrt(n) + 2*omega*sigma))) + gamma_max**2
+
+
+def bound_hessian_lipschitz_output(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """the Hessian of L_out is M-Lipschitz on the region."""
+    return H*(3*jnp.sqrt(n)*omega_V**2*((1/2)*R*(mu*jnp.sqrt(n) + 2*omega*sigma) + 1)*(R*jnp.sqrt(n)*(jnp.sqrt(n)*omega + (32/125)*jnp.sqrt(5)*(mu*jnp.sqrt(n) + 2*omega*sigma)**2) + jnp.sqrt(n)*(mu*jnp.sqrt(n) + 2*omega*sigma)) + omega_V*(R*omega_V + beta)*(R*jnp.sqrt(n)*((192/125)*jnp.sqrt(5)*omega*(mu*jnp.sqrt(n) + 2*omega*sigma) + (7/4)*(mu*jnp.sqrt(n) + 2*omega*sigma)**3) + 3*jnp.sqrt(n)*omega + (96/125)*jnp.sqrt(5)*(mu*jnp.sqrt(n) + 2*omega*sigma)**2))
+
+
+def bound_strong_convexity_output(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """lambda_min(hess L) >= l = gamma^2 - H negcurv_out on the region."""
+    return -H*omega_V*(R*omega_V + beta)*(R*jnp.sqrt(n)*(jnp.sqrt(n)*omega + (32/125)*jnp.sqrt(5)*(mu*jnp.sqrt(n) + 2*omega*sigma)**2) + jnp.sqrt(n)*(mu*jnp.sqrt(n) + 2*omega*sigma)) + gamma**2
+
+
+def bounds(n, H, R, omega, mu, gamma, gamma_max, omega_V=0.0, beta=0.0, sigma=None, rho=None, variant="attention"):
+    """Every lemma constant of ``variant`` (and the variant-free ones) on one region, as a dict."""
+    sigma = jnp.sqrt(n) * R if sigma is None else sigma
+    rho = jnp.sqrt(2.0) if rho is None else rho
+    args = (n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho)
+    out = {}
+    out['logit_bound'] = bound_logit_bound(*args)
+    out['logit_jacobian'] = bound_logit_jacobian(*args)
+    out['logit_curvature'] = bound_logit_curvature(*args)
+    out['softmax_jacobian'] = bound_softmax_jacobian(*args)
+    out['softmax_second'] = bound_softmax_second(*args)
+    out['softmax_third'] = bound_softmax_third(*args)
+    if variant == 'attention':
+        out['gradient_bound'] = bound_gradient_bound(*args)
+    if variant == 'attention':
+        out['gradient_lipschitz'] = bound_gradient_lipschitz(*args)
+    if variant == 'attention':
+        out['hessian_lipschitz'] = bound_hessian_lipschitz(*args)
+    if variant == 'attention':
+        out['strong_convexity'] = bound_strong_convexity(*args)
+    if variant == 'output':
+        out['gradient_bound_output'] = bound_gradient_bound_output(*args)
+    if variant == 'output':
+        out['gradient_lipschitz_output'] = bound_gradient_lipschitz_output(*args)
+    if variant == 'output':
+        out['hessian_lipschitz_output'] = bound_hessian_lipschitz_output(*args)
+    if variant == 'output':
+        out['strong_convexity_output'] = bound_strong_convexity_output(*args)
+    return out

@@ -1,0 +1,125 @@
+"""The certificate a recovery returns, and its JSON form.
+
+A ``certified`` certificate states: on the ball ``B(X, radius)`` (Frobenius;
+on the slice through X orthogonal to the symmetry orbit when the orbit has
+positive dimension) the loss is m-strongly convex with an M-Lipschitz
+Hessian (M from the lemma on the region holding the ball, validated by the
+checker), so L has exactly one critical point X* there, it is a strict local
+minimiser, and ``||X - X*||_F <= error_bound = ||grad L(X)|| / m``.
+
+The numbers are float64 evaluations with stated rounding margins
+(``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
+proof on a box is ``unmask verify --rigorous``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import platform
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .newton import LocalConstants, extreme_eigenvalues, local_constants
+from .problem import Problem
+
+
+def array_digest(X) -> str:
+    a = np.ascontiguousarray(np.asarray(X, np.float64))
+    return hashlib.sha256(f"{a.shape}|".encode() + a.tobytes()).hexdigest()
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("unmask", "jax", "jaxlib", "numpy", "scipy", "sympy"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+@dataclass
+class Certificate:
+    status: str  # "certified" | "uncertified"
+    fingerprint: str
+    X_digest: str
+    symmetry_dimension: int
+    sign_flip: bool
+    loss: float
+    grad_norm: float
+    error_bound: float | None
+    radius: float | None
+    constants: dict | None
+    region: dict | None
+    validation: dict | None
+    iterations: int
+    iteration_bound: int | None
+    uniqueness: str
+    reason: str = ""
+    versions: dict = field(default_factory=versions)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Certificate":
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+    def summary(self) -> str:
+        if self.status != "certified":
+            return f"uncertified: {self.reason}"
+        c = self.constants
+        return (f"certified: ||X - X*|| <= {self.error_bound:.2e} (unique critical point within radius "
+                f"{self.radius:.2e}); m = {c['m']:.3e}, M = {c['M']:.3e}, L_g = {c['L_g']:.3e}; "
+                f"{self.iterations} certified iterations (bound {self.iteration_bound}); "
+                f"symmetry dimension {self.symmetry_dimension}")
+
+
+def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, float, float]:
+    """Local constants at X (fresh evaluation), the off-orbit gradient norm and lambda_min."""
+    from .recover import hessian_lipschitz_on
+
+    g = np.asarray(problem.grad(X), np.float64).reshape(-1)
+    if T is not None:
+        g = g - T @ (T.T @ g)
+    gn = float(np.linalg.norm(g))
+    lam0, lam_max, margin = extreme_eigenvalues(problem, X, T)
+    consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r))
+    return consts, gn, lam0
+
+
+def build_certificate(problem: Problem, X, consts_run: LocalConstants | None, sym, validation, iterations: int,
+                      status: str | None = None, reason: str = "") -> Certificate:
+    from proofs_check.region import Region
+
+    from .newton import _orthonormal
+
+    T = _orthonormal(sym.orbit_tangent(X)) if sym.dimension else None
+    loss = float(problem.loss(X))
+    if status == "uncertified":
+        g = np.asarray(problem.grad(X), np.float64)
+        return Certificate(status="uncertified", fingerprint=problem.fingerprint(), X_digest=array_digest(X),
+                           symmetry_dimension=sym.dimension, sign_flip=sym.sign_flip, loss=loss,
+                           grad_norm=float(np.linalg.norm(g)), error_bound=None, radius=None, constants=None,
+                           region=None, validation=validation, iterations=iterations, iteration_bound=None,
+                           uniqueness="none claimed", reason=reason)
+    consts, gn, lam0 = final_constants(problem, X, T)
+    if consts is None:
+        return build_certificate(problem, X, None, sym, validation, iterations, status="uncertified",
+                                 reason=f"the final local certificate failed: lambda_min = {lam0:.3e}, ||grad|| = {gn:.3e}")
+    region = Region.around(problem, X, consts.radius)
+    bound = consts_run.iteration_bound if consts_run is not None else None
+    return Certificate(
+        status="certified", fingerprint=problem.fingerprint(), X_digest=array_digest(X),
+        symmetry_dimension=sym.dimension, sign_flip=sym.sign_flip, loss=loss, grad_norm=gn,
+        error_bound=gn / consts.m, radius=consts.radius,
+        constants={"lambda_min": consts.lambda0, "lambda_max": consts.lambda_max, "margin": consts.margin,
+                   "M": consts.M, "m": consts.m, "L_g": consts.L_g, "eta": consts.eta,
+                   "self_concordance": consts.M / (2 * consts.m**1.5)},
+        region=region.as_dict(), validation=validation, iterations=iterations, iteration_bound=bound,
+        uniqueness=("unique critical point of L in the ball B(X, radius)" if not sym.dimension else
+                    "unique critical point of L on the slice through X orthogonal to the symmetry orbit, within radius"),
+    )

@@ -1,0 +1,263 @@
+"""Newton iterations: an uncertified globalisation and the certified local phase.
+
+Certified phase (tooling.md). Let ``g0 = ||grad L(X_c)||`` at the start point
+and ``lambda0 = lambda_min(hess L(X_c))`` (restricted to the complement of the
+symmetry orbit), M the Hessian-Lipschitz constant of the lemma on the region
+``{max column norm <= R_c + r}``. On the ball ``B(X_c, r)``
+``lambda_min >= m = lambda0 - M r``; choosing the smallest r with
+``r >= 2 g0 / m`` (possible iff ``lambda0^2 >= 8 M g0``) makes L m-strongly
+convex on the ball with its minimiser inside and every monotone iterate
+inside. With ``L_g = lambda_max + M r``:
+
+- damped phase, fixed step ``t = m / L_g`` (no line search): each step
+  decreases L by at least ``gamma = m eta^2 / (2 L_g^2)``;
+- quadratic phase once ``||grad|| < eta = m^2 / M``: full steps, and
+  ``q_{k+1} <= q_k^2`` for ``q = (M / 2 m^2) ||grad||``.
+
+Iteration bound printed in the certificate:
+``ceil((L(X_c) - p*) / gamma) + ceil(log2(log2(q_tol) / log2(q_0)))`` with
+``L(X_c) - p* <= g0^2 / (2 m)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse.linalg as spla
+
+from .errors import LinearSolveError
+from .problem import Problem
+
+DENSE_MAX = 2048  # dn up to which the dense Hessian and Cholesky are used
+
+
+@dataclass
+class Step:
+    """One iteration record."""
+
+    iteration: int
+    regime: str  # "uncertified-lm", "certified-damped", "certified-quadratic"
+    loss: float
+    grad_norm: float
+    newton_decrement: float
+    step_size: float
+
+    def as_dict(self):
+        return dict(self.__dict__)
+
+
+@dataclass
+class History:
+    steps: list[Step] = field(default_factory=list)
+
+    def add(self, **kw):
+        self.steps.append(Step(iteration=len(self.steps), **kw))
+
+    def as_list(self):
+        return [s.as_dict() for s in self.steps]
+
+
+def _project_out(v: np.ndarray, T: np.ndarray | None) -> np.ndarray:
+    if T is None or T.shape[1] == 0:
+        return v
+    return v - T @ (T.T @ v)
+
+
+def _orthonormal(T: np.ndarray | None) -> np.ndarray | None:
+    if T is None or T.shape[1] == 0:
+        return None
+    q, r = np.linalg.qr(T)
+    keep = np.abs(np.diag(r)) > 1e-12 * max(1.0, np.abs(np.diag(r)).max())
+    return q[:, keep]
+
+
+def newton_direction(problem: Problem, X, g, shift: float = 0.0, T=None, forcing: float = 1e-12):
+    """Solve ``(hess L(X) + shift I) s = -g`` (restricted to the complement of span T).
+
+    Dense Cholesky (finiteness checked) for dn <= DENSE_MAX, else conjugate
+    gradients on the generated HVP with relative tolerance ``forcing``.
+    Returns (s, newton_decrement).
+    """
+    d, n = problem.d, problem.n
+    gv = _project_out(np.asarray(g, np.float64).reshape(-1), T)
+    if d * n <= DENSE_MAX:
+        Hm = np.asarray(problem.hessian(X), np.float64)
+        if T is not None:
+            P = np.eye(d * n) - T @ T.T
+            Hm = P @ Hm @ P + T @ T.T  # the orbit directions get curvature 1 and zero gradient
+        Hm = Hm + shift * np.eye(d * n)
+        try:
+            c = np.linalg.cholesky(Hm)
+        except np.linalg.LinAlgError as exc:
+            raise LinearSolveError(f"Newton system not positive definite at dn = {d * n} (shift {shift:.2e})") from exc
+        s = -np.linalg.solve(c.T, np.linalg.solve(c, gv))
+    else:
+        Xj = jnp.asarray(X)
+
+        def mv(v):
+            v = _project_out(np.asarray(v), T)
+            hv = np.asarray(problem.hvp(Xj, jnp.asarray(v.reshape(d, n)))).reshape(-1)
+            return _project_out(hv, T) + shift * v + (0 if T is None else T @ (T.T @ v))
+
+        op = spla.LinearOperator((d * n, d * n), matvec=mv, dtype=np.float64)
+        s, info = spla.cg(op, -gv, rtol=forcing, maxiter=10 * d * n)
+        if info < 0:
+            raise LinearSolveError(f"conjugate gradients broke down (info {info}) at dn = {d * n}")
+        s = np.asarray(s)
+    if not np.all(np.isfinite(s)):
+        raise LinearSolveError("Newton step has non-finite entries; the Hessian is singular or the data overflow")
+    dec = float(np.sqrt(max(-float(gv @ s), 0.0)))
+    return s.reshape(d, n), dec
+
+
+def extreme_eigenvalues(problem: Problem, X, T=None) -> tuple[float, float, float]:
+    """(lambda_min, lambda_max, rounding margin) of the Hessian on the complement of span T."""
+    d, n = problem.d, problem.n
+    eps = np.finfo(np.float64).eps
+    if d * n <= DENSE_MAX:
+        Hm = np.asarray(problem.hessian(X), np.float64)
+        Hm = (Hm + Hm.T) / 2
+        if T is not None:
+            Q = np.linalg.svd(np.eye(d * n) - T @ T.T)[0][:, : d * n - T.shape[1]]
+            Hm = Q.T @ Hm @ Q
+        ev = np.linalg.eigvalsh(Hm)
+        # eigvalsh is backward stable: |error| <= c dn eps ||H||_2; generous c = 10
+        margin = 10 * d * n * eps * float(np.max(np.abs(ev)))
+        return float(ev[0]), float(ev[-1]), margin
+    Xj = jnp.asarray(X)
+
+    def mv(v):
+        v = _project_out(np.asarray(v), T)
+        return _project_out(np.asarray(problem.hvp(Xj, jnp.asarray(v.reshape(d, n)))).reshape(-1), T)
+
+    op = spla.LinearOperator((d * n, d * n), matvec=mv, dtype=np.float64)
+    lmax = float(spla.eigsh(op, k=1, which="LA", tol=1e-10, return_eigenvectors=False)[0])
+    lmin = float(spla.eigsh(op, k=1, which="SA", tol=1e-10, return_eigenvectors=False)[0])
+    return lmin, lmax, 1e-8 * max(abs(lmin), abs(lmax))
+
+
+def levenberg_marquardt(problem: Problem, X, history: History, max_iter: int, gtol: float, T_fn=None):
+    """Uncertified globalisation: Newton with an adaptive shift, accepted only when L decreases."""
+    X = np.asarray(X, np.float64)
+    f = float(problem.loss(X))
+    shift = 1e-3 * max(1.0, abs(f))
+    for _ in range(max_iter):
+        g = np.asarray(problem.grad(X), np.float64)
+        gn = float(np.linalg.norm(g))
+        if gn <= gtol:
+            break
+        T = T_fn(X) if T_fn else None
+        try:
+            s, dec = newton_direction(problem, X, g, shift=shift, T=T)
+        except LinearSolveError:
+            shift *= 10
+            continue
+        Xn = X + s
+        fn = float(problem.loss(Xn))
+        if np.isfinite(fn) and fn < f:
+            history.add(regime="uncertified-lm", loss=fn, grad_norm=gn, newton_decrement=dec, step_size=1.0)
+            X, f = Xn, fn
+            shift = max(shift / 3, 1e-14)
+        else:
+            shift *= 4
+            if shift > 1e12:
+                break
+    return X
+
+
+@dataclass
+class LocalConstants:
+    """Constants certified on the ball B(center, radius)."""
+
+    lambda0: float
+    lambda_max: float
+    M: float
+    radius: float
+    m: float
+    L_g: float
+    grad_norm: float
+    margin: float
+
+    @property
+    def eta(self) -> float:
+        return self.m**2 / self.M
+
+    @property
+    def iteration_bound(self) -> int:
+        gamma = self.m * self.eta**2 / (2 * self.L_g**2)
+        gap = self.grad_norm**2 / (2 * self.m)
+        damped = math.ceil(gap / gamma) if self.grad_norm >= self.eta else 0
+        return damped + quadratic_bound(self, 1e-300)
+
+
+def quadratic_bound(c: LocalConstants, gtol: float) -> int:
+    """Full-step iterations until ``||grad|| <= gtol`` once ``||grad|| < eta`` (q_0 <= 1/2)."""
+    q_tol = max(c.M / (2 * c.m**2) * gtol, 1e-300)
+    if q_tol >= 0.5:
+        return 1
+    return max(1, math.ceil(math.log2(math.log2(q_tol) / math.log2(0.5))))
+
+
+def local_constants(lambda0, lambda_max, margin, grad_norm, M_of_radius) -> LocalConstants | None:
+    """Smallest radius r with r >= 2 g / (lambda0 - M(r) r); None when impossible.
+
+    ``M_of_radius(r)`` is the Hessian-Lipschitz constant on the region of radius r
+    (non-decreasing in r). Solved by fixed-point iteration on r.
+    """
+    lam = lambda0 - margin
+    if lam <= 0:
+        return None
+    g = grad_norm * (1 + 1e-12) + 1e-300
+    r = 2 * g / lam
+    for _ in range(100):
+        M = M_of_radius(r)
+        disc = lam * lam - 8 * M * g
+        if disc < 0:
+            return None
+        r_new = (lam - math.sqrt(disc)) / (2 * M) if M > 0 else 2 * g / lam
+        r_new = max(r_new, 2 * g / lam)
+        if abs(r_new - r) <= 1e-12 * r:
+            r = r_new
+            break
+        r = r_new
+    # step just past the smallest root of M r^2 - lam r + 2 g = 0, where the inequality is strict
+    r *= 1 + 1e-6
+    M = M_of_radius(r)
+    m = lam - M * r
+    if m <= 0 or r < 2 * g / m:
+        return None
+    return LocalConstants(lambda0=lambda0, lambda_max=lambda_max, M=M, radius=r, m=m,
+                          L_g=lambda_max + margin + M * r, grad_norm=grad_norm, margin=margin)
+
+
+def certified_newton(problem: Problem, X, consts: LocalConstants, history: History, gtol: float, T=None,
+                     max_iter: int | None = None):
+    """Newton with the certified step sizes; returns (X, iterations)."""
+    X = np.asarray(X, np.float64)
+    limit = max_iter or consts.iteration_bound + 5
+    it = 0
+    best = float(np.linalg.norm(_project_out(np.asarray(problem.grad(X), np.float64).reshape(-1), T)))
+    stalls = 0
+    while it < limit:
+        g = np.asarray(problem.grad(X), np.float64)
+        gn = float(np.linalg.norm(_project_out(g.reshape(-1), T)))
+        if gn <= gtol:
+            break
+        s, dec = newton_direction(problem, X, g, T=T, forcing=min(0.5, math.sqrt(gn)) * 1e-6)
+        quadratic = gn < consts.eta
+        t = 1.0 if quadratic else consts.m / consts.L_g
+        X = X + t * s
+        it += 1
+        f = float(problem.loss(X))
+        history.add(regime="certified-quadratic" if quadratic else "certified-damped", loss=f, grad_norm=gn,
+                    newton_decrement=dec, step_size=t)
+        if gn >= best * 0.5:  # no progress: rounding floor reached
+            stalls += 1
+            if stalls >= 2:
+                break
+        best = min(best, gn)
+    return X, it

@@ -1,0 +1,191 @@
+"""``recover``: X from (W, B), with certified Newton steps and a re-checkable certificate.
+
+Pipeline (one way, in order):
+
+1. **initialise**: the closed form of :mod:`solver.algebraic` (attention maps,
+   n > d, positive B, two heads); otherwise ``restarts`` seeded random starts.
+2. **globalise** (uncertified, labelled ``uncertified-lm`` in the history):
+   Levenberg-Marquardt Newton until the local certificate can be set up.
+3. **certify the region**: lambda_min / lambda_max of the Hessian at the
+   iterate (on the complement of the symmetry orbit), the Hessian-Lipschitz
+   constant M of the lemma on the region, validated by the checker on random
+   and adversarial instances of a slightly larger region (cached); then the
+   radius of :func:`solver.newton.local_constants`. Refuses (raises
+   :class:`~solver.errors.CertificationError`) when ``certify=True`` and this fails.
+4. **certified Newton** with the fixed step sizes of :mod:`solver.newton`.
+5. **final certificate** at the returned X: ``||X - X*|| <= ||grad|| / m`` with X*
+   the unique critical point of L in the certified ball (modulo the
+   symmetry group: on the slice through X orthogonal to the orbit).
+
+The regulariser of the problem is part of L. With gamma = 0 (the default)
+the returned X is a certified critical point of the unregularised loss, and
+when its loss is 0 to rounding it reproduces B: exact recovery modulo the group.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .certificate import Certificate, build_certificate
+from .errors import CertificationError, InvalidProblemError
+from .newton import History, certified_newton, extreme_eigenvalues, levenberg_marquardt, local_constants
+from .problem import ATTENTION, Problem
+from .symmetry import Symmetry, symmetries
+
+_VALIDATED: dict = {}
+
+
+@dataclass
+class Result:
+    """What :func:`recover` returns.
+
+    - `X`: (d, n) recovered input, float64
+    - `status`: ``"certified"`` or ``"uncertified"``
+    - `certificate`: :class:`~solver.certificate.Certificate` (its status says the same)
+    - `history`: per-iteration records (loss, grad_norm, newton_decrement, step_size, regime)
+    - `init`: how the start was obtained (``"algebraic"`` or ``"random-restarts"``)
+    - `symmetry_dimension`: dimension of the instance's symmetry group (orbit)
+    - `seconds`: wall time
+    """
+
+    X: np.ndarray
+    status: str
+    certificate: Certificate
+    history: list = field(default_factory=list)
+    init: str = ""
+    symmetry_dimension: int = 0
+    seconds: float = 0.0
+
+
+def _rounded_region(region):
+    """Round R, omega, mu up to a grid of 2^(1/4) so validations are shared between nearby instances."""
+    from dataclasses import replace
+
+    up = lambda x: 0.0 if x <= 0 else 2.0 ** (math.ceil(4 * math.log2(x)) / 4)  # noqa: E731
+    opt = lambda x: None if x is None else up(x)  # noqa: E731
+    return replace(region, R=up(region.R), omega=up(region.omega), mu=up(region.mu), omega_V=up(region.omega_V),
+                   beta=up(region.beta), gamma=0.0, gamma_max=up(region.gamma_max), sigma=opt(region.sigma),
+                   rho=opt(region.rho))
+
+
+def validate_region(region, instances: int = 8, seed: int = 0) -> dict:
+    """The checker's fast validation of the Hessian-Lipschitz lemma on ``region`` (cached)."""
+    from proofs_check.checker import check
+
+    key = _rounded_region(region)
+    if key not in _VALIDATED:
+        name = "hessian_lipschitz" if region.variant == ATTENTION else "hessian_lipschitz_output"
+        rep = check(key, instances=instances, seed=seed, starts=2, steps=20, names=[name], progress=False)
+        row = rep.lemmas[0]
+        _VALIDATED[key] = {"lemma": name, "region": key.as_dict(), "instances": instances, "seed": seed,
+                           "worst_random_ratio": row.worst_random_ratio,
+                           "worst_adversarial_ratio": row.worst_adversarial_ratio, "status": row.status}
+    return _VALIDATED[key]
+
+
+def hessian_lipschitz_on(problem: Problem, X, radius: float) -> float:
+    """M of the lemma on the region holding the ball B(X, radius) (generated evaluator)."""
+    from proofs_check.region import Region
+
+    reg = Region.around(problem, X, radius)
+    name = "hessian_lipschitz" if problem.variant == ATTENTION else "hessian_lipschitz_output"
+    return reg.bounds()[name]
+
+
+def _starts(problem: Problem, restarts: int, seed: int):
+    rng = np.random.default_rng(seed)
+    scale = 1.0 / problem.d**0.25
+    return [rng.normal(scale=scale, size=(problem.d, problem.n)) for _ in range(restarts)]
+
+
+def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bool = True, gtol: float = 1e-10,
+            max_iter: int = 200, restarts: int = 8, seed: int = 0) -> Result:
+    """Recover X from a :class:`~solver.problem.Problem`.
+
+    **Arguments**
+
+    - `problem`: the instance (attention maps or outputs, heads, bias, regulariser)
+    - `X_init`: optional (d, n) start; default: the closed form, else random restarts
+    - `certify`: True (default) refuses with :class:`CertificationError` when the local
+      constants cannot be certified; False returns an ``uncertified`` result instead
+    - `validate`: run the checker's fast validation of the M lemma on the region
+    - `gtol`: stop when the gradient norm (off the orbit) is at most this (or the
+      float64 rounding floor is reached)
+    - `restarts`, `seed`: random starts when the closed form does not apply
+
+    Returns a :class:`Result`.
+    """
+    t0 = time.perf_counter()
+    if problem.dtype != np.float64:
+        problem = Problem.create(problem.W, problem.B, u=problem.U if problem.has_bias else None,
+                                 W_V=problem.W_V, gamma=problem.Gamma, X0=problem.X0, dtype=np.float64)
+    sym = symmetries(problem)
+    history = History()
+    init = "given"
+    if X_init is not None:
+        X = np.asarray(problem.check_X(X_init, "X_init"), np.float64)
+    else:
+        from .algebraic import algebraic_init
+
+        X = algebraic_init(problem)
+        init = "algebraic"
+        if X is None:
+            init = "random-restarts"
+            best = None
+            for X0 in _starts(problem, restarts, seed):
+                Xc = levenberg_marquardt(problem, X0, History(), 60, gtol)
+                f = float(problem.loss(Xc))
+                if best is None or f < best[0]:
+                    best = (f, Xc)
+            X = best[1]
+
+    def orbit(Xc):
+        from .newton import _orthonormal
+
+        return _orthonormal(sym.orbit_tangent(Xc)) if sym.dimension else None
+
+    X = levenberg_marquardt(problem, X, history, max_iter, gtol, T_fn=orbit)
+    T = orbit(X)
+    g = np.asarray(problem.grad(X), np.float64).reshape(-1)
+    gn = float(np.linalg.norm(g if T is None else g - T @ (T.T @ g)))
+    lam0, lam_max, margin = extreme_eigenvalues(problem, X, T)
+    consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r))
+    validation = None
+    if consts is not None and validate:
+        from proofs_check.region import Region
+
+        validation = validate_region(Region.around(problem, X, consts.radius))
+        if validation["status"] != "OK":
+            consts = None
+    if consts is None:
+        reason = (f"lambda_min = {lam0:.3e} at the iterate (off the {sym.dimension}-dimensional orbit), "
+                  f"gradient norm {gn:.3e}: lambda_min^2 < 8 M ||grad|| or lambda_min <= 0")
+        if validation is not None and validation["status"] != "OK":
+            reason = f"the checker's validation of the M lemma failed on the region: {validation}"
+        if certify:
+            raise CertificationError(
+                f"cannot certify the Newton region: {reason}. The instance may be unidentifiable here "
+                f"(n <= d, one head, zeros in B) or not yet near a minimiser; pass certify=False for an uncertified answer")
+        cert = build_certificate(problem, X, None, sym, validation, iterations=0, status="uncertified", reason=reason)
+        return Result(X=X, status="uncertified", certificate=cert, history=history.as_list(), init=init,
+                      symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
+
+    X, iters = certified_newton(problem, X, consts, history, gtol, T=T)
+    cert = build_certificate(problem, X, consts, sym, validation, iterations=iters)
+    return Result(X=X, status=cert.status, certificate=cert, history=history.as_list(), init=init,
+                  symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
+
+
+def recover_attention(W, B, *, u=None, gamma=0.0, X0=None, **kwargs) -> Result:
+    """Convenience: ``recover(Problem.create(W, B, u=u, gamma=gamma, X0=X0), **kwargs)``.
+
+    W: (d, d) or (H, d, d); B: (n, n) or (H, n, n) attention maps; u: (d,) or (H, d).
+    """
+    return recover(Problem.create(W, B, u=u, gamma=gamma, X0=X0), **kwargs)
+
+
+__all__ = ["Result", "recover", "recover_attention", "validate_region", "Symmetry", "InvalidProblemError"]
