@@ -190,3 +190,27 @@ def test_deep_layer_fits_maps_but_is_underdetermined(model):
     assert r.residual < 0.05  # from about 1 at the prior
     X = trace.X[1].astype(np.float64)
     assert np.linalg.norm(r.X - X) / np.linalg.norm(X) > 0.3
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_layer0_sentence_set_sample(model):
+    """Every 16th sentence of the benchmark set (10 sentences): all exact."""
+    from unmask.attacks.sentences import SENTENCES
+
+    for text in SENTENCES[::16]:
+        ids = model.encode(text)
+        result = atk.decode_layer0(model.forward(ids).B[0], model)
+        assert result.ids.tolist() == ids.tolist(), text
+        assert result.status == "verified"
+
+
+@pytest.mark.slow
+@pytest.mark.models
+def test_layer0_long_input_beyond_d(model):
+    """n = 392 > d = 384 tokens (the regime where the continuous problem is determined):
+    the sequential decoding still recovers every token (about 3-7 minutes on 2 cores)."""
+    rng = np.random.default_rng(3)
+    ids = np.r_[101, rng.integers(999, model.vocab_size, 390), 102]
+    result = atk.decode_layer0(model.forward(ids).B[0], model)
+    assert result.ids.tolist() == ids.tolist()
