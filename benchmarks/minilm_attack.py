@@ -76,11 +76,14 @@ def layer0(model, sequences: list[np.ndarray], label: str) -> dict:
 
 
 def deep(model, texts: list[str], layers: list[int], maxiter: int) -> dict:
+    return deep_ids(model, [model.encode(t) for t in texts], layers, maxiter)
+
+
+def deep_ids(model, sequences: list[np.ndarray], layers: list[int], maxiter: int) -> dict:
     out = {}
     for layer in layers:
         rows = []
-        for text in texts:
-            ids = model.encode(text)
+        for ids in sequences:
             trace = model.forward(ids)
             X = trace.X[layer].astype(np.float64)
             r = attack.recover_deep_layer(trace.B[layer], model, layer, maxiter=maxiter)
@@ -110,7 +113,7 @@ def deep(model, texts: list[str], layers: list[int], maxiter: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "layer0", "deep"], default="all")
+    parser.add_argument("--part", choices=["all", "layer0", "deep", "long"], default="all")
     parser.add_argument("--random", type=int, default=100, help="random-token sequences (default 100)")
     parser.add_argument("--deep-sentences", type=int, default=6, help="sentences per deeper layer (default 6)")
     parser.add_argument("--maxiter", type=int, default=300, help="L-BFGS iterations at deeper layers")
@@ -143,6 +146,16 @@ def main(argv=None) -> int:
         for layer, r in results["deep"].items():
             st = r["rows"][0]["status"]
             print(f"{layer:<7}{r['relative_error_median']:>10.3f}{r['prior_relative_error_median']:>12.3f}{r['log_domain_residual_median']:>10.1e}  {st}")
+    if args.part in ("all", "long"):
+        # n = 64 > 33: more equations 12 n (n - 1) than unknowns d n, still n < d
+        text = " ".join(SENTENCES[140:146])
+        long_ids = model.encode(text)[:64]
+        long_ids[-1] = minilm.SEP_ID
+        results["deep_long"] = deep_ids(model, [long_ids], [1, 5], args.maxiter * 3)
+        print("\nLayers 1 and 5 at n = 64 (equations exceed unknowns)")
+        for layer, r in results["deep_long"].items():
+            q = r["rows"][0]
+            print(f"{layer:<7}{q['relative_error']:>10.3f}{q['prior_relative_error']:>12.3f}{q['log_domain_residual']:>10.1e}  {q['status']} ({q['unknowns']} unknowns, {q['equations']} equations)")
     results["seconds_total_last_run"] = time.time() - started
     atomic_write_json(args.out, results)
     print(f"\nwrote {args.out}")
