@@ -214,3 +214,14 @@ def test_layer0_long_input_beyond_d(model):
     ids = np.r_[101, rng.integers(999, model.vocab_size, 390), 102]
     result = atk.decode_layer0(model.forward(ids).B[0], model)
     assert result.ids.tolist() == ids.tolist()
+
+
+@pytest.mark.models
+def test_robust_decoding_under_noise(model):
+    """Additive noise 1e-3 on B: uniform log-domain weights fail (tiny entries are pure noise),
+    the robust decoder's B^1 / B^2 weightings recover the text."""
+    ids = model.encode("Close the door, please.")
+    B = atk.gaussian_noise(model.forward(ids).B[0].astype(np.float64), 1e-3, np.random.default_rng(1))
+    result = atk.decode_layer0_robust(B, model)
+    assert result.ids.tolist() == ids.tolist()
+    assert result.status == "inconsistent"  # the noisy maps are not exactly the model's

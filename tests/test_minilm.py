@@ -76,7 +76,7 @@ def test_convention_reproduces_every_layer(model):
     for layer in range(minilm.N_LAYERS):
         W, u = model.attention_weights(layer)
         X = trace.X[layer]
-        S = np.einsum("dn,hde,em->hnm", X, W, X) + (u @ X)[:, None, :]
+        S = np.matmul(X.T, np.matmul(W, X)) + (u @ X)[:, None, :]
         B = np.exp(S - S.max(axis=-1, keepdims=True))
         B /= B.sum(axis=-1, keepdims=True)
         np.testing.assert_allclose(B, trace.B[layer], rtol=0, atol=1e-12)

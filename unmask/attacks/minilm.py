@@ -399,18 +399,10 @@ def decode_layer0_robust(B, model: _minilm.MiniLM | None = None, *, powers=(0.0,
 
 
 def layer0_maps(model: _minilm.MiniLM, ids: np.ndarray) -> np.ndarray:
-    """Layer-0 attention maps of ``ids`` in float64, from the exposed X, W_h, u_h."""
+    """Layer-0 attention maps of ``ids`` in float64: row-softmax of the logits of their layer-0 columns."""
     scan = scanner_for(model)
     Q, K = scan.columns_qk(ids, np.arange(len(ids)))
     S = np.matmul(Q, np.swapaxes(K, 1, 2)) * scan.scale
-    S = S - S.max(axis=-1, keepdims=True)
-    E = np.exp(S)
-    return E / E.sum(axis=-1, keepdims=True)
-
-
-def softmax_maps(X: np.ndarray, W: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """B_h = row-softmax(X^T W_h X + 1 u_h^T X) for all heads."""
-    S = np.einsum("dn,hde,em->hnm", X, W, X) + (u @ X)[:, None, :]
     S = S - S.max(axis=-1, keepdims=True)
     E = np.exp(S)
     return E / E.sum(axis=-1, keepdims=True)

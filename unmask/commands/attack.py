@@ -22,8 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layer", type=int, default=0, help="the layer the maps come from (0..5; default 0)")
     parser.add_argument("--beam", type=int, default=1, help="layer 0: prefixes kept per position (default 1)")
     parser.add_argument(
-        "--weight-power", type=float, default=0.0,
-        help="layer 0: weight log-B entries by B**POWER (0 for exact maps, 1-2 for noisy maps)",
+        "--weight-power", default="auto",
+        help="layer 0: weight log-B entries by B**POWER (0 suits exact maps, 1-2 noisy ones); "
+        "'auto' (default) tries 0, 1, 2 and keeps the tokens whose maps fit best, stopping once verified",
     )
     parser.add_argument("--save-attention", metavar="PATH", help="with --text: also write the maps to PATH (.npy)")
     parser.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH")
@@ -56,7 +57,14 @@ def run(args: argparse.Namespace) -> int:
         attack.scanner_for(model)  # one-off: the vocabulary's queries and keys
     setup = time.perf_counter() - t0
     if args.layer == 0:
-        result = attack.decode_layer0(B, model, beam=args.beam, weight_power=args.weight_power)
+        if args.weight_power == "auto":
+            result = attack.decode_layer0_robust(B, model, beam=args.beam)
+        else:
+            try:
+                power = float(args.weight_power)
+            except ValueError:
+                raise attack.InvalidProblemError(f"--weight-power must be a number or 'auto', got {args.weight_power!r}") from None
+            result = attack.decode_layer0(B, model, beam=args.beam, weight_power=power)
         recovered, ids = result.text, result.ids
         record = {
             "model": "all-MiniLM-L6-v2",
