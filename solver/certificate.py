@@ -5,7 +5,9 @@ on the slice through X orthogonal to the symmetry orbit when the orbit has
 positive dimension) the loss is m-strongly convex with an M-Lipschitz
 Hessian (M from the lemma on the region holding the ball, validated by the
 checker), so L has exactly one critical point X* there, it is a strict local
-minimiser, and ``||X - X*||_F <= error_bound = ||grad L(X)|| / m``.
+minimiser, and ``||X - X*||_F <= error_bound = 2 ||grad L(X)|| / m`` (the factor 2
+covers rounding-level differences between gradient evaluations, so an
+independent recheck reproduces the bound).
 
 The numbers are float64 evaluations with stated rounding margins
 (``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
@@ -115,7 +117,7 @@ def build_certificate(problem: Problem, X, consts_run: LocalConstants | None, sy
     return Certificate(
         status="certified", fingerprint=problem.fingerprint(), X_digest=array_digest(X),
         symmetry_dimension=sym.dimension, sign_flip=sym.sign_flip, loss=loss, grad_norm=gn,
-        error_bound=gn / consts.m, radius=consts.radius,
+        error_bound=2 * gn / consts.m, radius=consts.radius,
         constants={"lambda_min": consts.lambda0, "lambda_max": consts.lambda_max, "margin": consts.margin,
                    "M": consts.M, "m": consts.m, "L_g": consts.L_g, "eta": consts.eta,
                    "self_concordance": consts.M / (2 * consts.m**1.5)},

@@ -211,7 +211,9 @@ def local_constants(lambda0, lambda_max, margin, grad_norm, M_of_radius) -> Loca
     lam = lambda0 - margin
     if lam <= 0:
         return None
-    g = grad_norm * (1 + 1e-12) + 1e-300
+    # twice the measured gradient: another code path (or summation order) evaluates the gradient
+    # at the rounding floor differently; the certificate must survive an independent recheck
+    g = 2 * grad_norm + 1e-300
     r = 2 * g / lam
     for _ in range(100):
         M = M_of_radius(r)

@@ -148,12 +148,16 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
 
         return _orthonormal(sym.orbit_tangent(Xc)) if sym.dimension else None
 
-    X = levenberg_marquardt(problem, X, history, max_iter, gtol, T_fn=orbit)
-    T = orbit(X)
-    g = np.asarray(problem.grad(X), np.float64).reshape(-1)
-    gn = float(np.linalg.norm(g if T is None else g - T @ (T.T @ g)))
-    lam0, lam_max, margin = extreme_eigenvalues(problem, X, T)
-    consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r))
+    # globalise only until the local certificate can be tried; if it fails, go on to gtol and retry
+    for lm_tol, iters in ((max(gtol, 1e-6), max_iter), (0.0, 30)):  # second pass: to the rounding floor
+        X = levenberg_marquardt(problem, X, history, iters, lm_tol, T_fn=orbit)
+        T = orbit(X)
+        g = np.asarray(problem.grad(X), np.float64).reshape(-1)
+        gn = float(np.linalg.norm(g if T is None else g - T @ (T.T @ g)))
+        lam0, lam_max, margin = extreme_eigenvalues(problem, X, T)
+        consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r))
+        if consts is not None:
+            break
     validation = None
     if consts is not None and validate:
         from proofs_check.region import Region

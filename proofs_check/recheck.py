@@ -1,0 +1,97 @@
+"""``recheck(certificate, problem, X)``: recompute a certificate independently.
+
+Independent of the solver's code path: the gradient and Hessian come from
+``jax.grad`` / ``jax.hessian`` of the plain transcription in
+:mod:`proofs_check.reference` (not the generated kernels), the
+Hessian-Lipschitz constant from the SymPy expression of the lemma
+(``lambdify``, not the generated evaluator), and the radius inequality is
+solved afresh. Any mismatch raises :class:`CertificateMismatchError`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import sympy as sp
+
+from derivations.lemmas import SYMBOLS, lemma
+from solver.certificate import Certificate, array_digest
+from solver.errors import CertificateMismatchError
+from solver.problem import ATTENTION, Problem
+from solver.symmetry import symmetries
+
+from . import reference as ref
+from .region import Region
+
+
+def _loss_and_args(problem: Problem):
+    if problem.variant == ATTENTION:
+        return ref.attention_loss, (problem.W, problem.U, problem.B, problem.Gamma, problem.X0)
+    return ref.output_loss, (problem.W, problem.U, problem.W_V, problem.B, problem.Gamma, problem.X0)
+
+
+def _lemma_value(name: str, region: Region) -> float:
+    lem = lemma(name)
+    values = {SYMBOLS[k]: v for k, v in {
+        "n": region.n, "H": region.heads, "R": region.R, "omega": region.omega, "mu": region.mu,
+        "gamma": region.gamma, "gamma_max": region.gamma_max, "omega_V": region.omega_V, "beta": region.beta,
+        "sigma": region.sigma_bound, "rho": region.rho_bound}.items()}
+    return float(sp.N(lem.constant.subs(values), 30))
+
+
+def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 1e-6) -> dict:
+    """Recompute everything the certificate claims; return the recomputed numbers or raise."""
+    cert = Certificate.from_dict(certificate) if isinstance(certificate, dict) else certificate
+    if cert.fingerprint != problem.fingerprint():
+        raise CertificateMismatchError("certificate fingerprint does not match this instance: it was issued for another problem")
+    if cert.X_digest != array_digest(X):
+        raise CertificateMismatchError("certificate does not match this X (digest differs)")
+    sym = symmetries(problem)
+    if sym.dimension != cert.symmetry_dimension:
+        raise CertificateMismatchError(f"symmetry dimension {sym.dimension} != certificate's {cert.symmetry_dimension}")
+    if cert.status != "certified":
+        return {"status": cert.status}
+    X = np.asarray(X, np.float64)
+    d, n = X.shape
+    loss, args = _loss_and_args(problem)
+    g = np.asarray(jax.grad(loss)(X, *args)).reshape(-1)
+    Hm = np.asarray(jax.hessian(loss)(X, *args)).reshape(d * n, d * n)
+    Hm = (Hm + Hm.T) / 2
+    T = sym.orbit_tangent(X)
+    if T.shape[1]:
+        Q, _ = np.linalg.qr(T)
+        g = g - Q @ (Q.T @ g)
+        comp = np.linalg.svd(np.eye(d * n) - Q @ Q.T)[0][:, : d * n - Q.shape[1]]
+        Hm = comp.T @ Hm @ comp
+    ev = np.linalg.eigvalsh(Hm)
+    eps = np.finfo(np.float64).eps
+    margin = 10 * d * n * eps * float(np.max(np.abs(ev)))
+    gn = float(np.linalg.norm(g))
+    lam = float(ev[0]) - margin
+    r = float(cert.radius)
+    region = Region.around(problem, X, r)
+    name = "hessian_lipschitz" if problem.variant == ATTENTION else "hessian_lipschitz_output"
+    M = _lemma_value(name, region)
+    m = lam - M * r
+    checks = {
+        "lambda_min": (float(ev[0]), cert.constants["lambda_min"]),
+        "M": (M, cert.constants["M"]),
+        "grad_norm": (gn, cert.grad_norm),
+    }
+    for key, (mine, theirs) in checks.items():
+        scale = max(abs(mine), abs(theirs), 1e-300)
+        # gradients at the rounding floor differ by rounding between code paths: allow 10%
+        tol = 0.1 if key == "grad_norm" else rtol
+        if abs(mine - theirs) > tol * scale + (1e-13 if key == "grad_norm" else 0):
+            raise CertificateMismatchError(f"{key}: recomputed {mine:.6e}, certificate says {theirs:.6e}")
+    g_safe = max(gn, cert.grad_norm)
+    if not (m > 0 and r >= 2 * g_safe / m):
+        raise CertificateMismatchError(
+            f"radius inequality fails on recomputation: m = {m:.3e}, r = {r:.3e}, 2 ||grad|| / m = {2 * g_safe / m if m > 0 else math.inf:.3e}")
+    bound = g_safe / m  # the certificate claims 2 ||grad|| / m, so this holds when evaluations agree to 2x
+    if cert.error_bound < bound * (1 - 1e-6):
+        raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {bound:.3e}")
+    return {"status": "certified", "lambda_min": float(ev[0]), "M": M, "m": m, "radius": r, "grad_norm": gn,
+            "error_bound": bound}
