@@ -87,6 +87,29 @@ def main() -> None:
     def save():
         atomic_write_json(args.out, report)
 
+    if args.noise_prompts:
+        t0 = time.perf_counter()
+        d = candidate_delta(model, [], 1)
+        delta = d["delta"]
+        reps = model.embedding_classes()[0]
+        rng = np.random.default_rng(123)
+        ok = []
+        for i in range(args.noise_prompts):
+            ids = rng.choice(reps, 1).astype(np.int32)
+            H = np.asarray(model.layer_states(ids, 1))
+            z = rng.standard_normal(H.shape)
+            noisy = (H + 0.45 * delta * z / np.linalg.norm(z, axis=1, keepdims=True)).astype(np.float32)
+            r = sipit(model, noisy, 1, eps=delta / 2, original=ids, policy=GradientPolicy(seed=i))
+            ok.append(bool(r.exact))
+        report["theorem_3_2"] = {
+            "layer": 1, "position": 0, "delta": delta, "delta_pair": [model.decode([t]) for t in d["pair"]],
+            "delta_pair_ids": list(d["pair"]), "median_state_norm": d["median_norm"],
+            "noise_norm": 0.45 * delta, "eps": delta / 2, "n_prompts": args.noise_prompts,
+            "exact_rate": float(np.mean(ok)), "seconds": time.perf_counter() - t0,
+        }
+        print(f"Delta (layer 1, position 0) = {delta:.4g}; noise 0.45 Delta: exact {np.mean(ok):.0%}", flush=True)
+        save()
+
     for layer in args.layers:
         n = counts.get(layer, counts.get(-1, 50))
         warm = prompts[0][:2]  # compile the shapes once, outside the timings
@@ -143,29 +166,6 @@ def main() -> None:
                 "runs": bruns,
             }
             save()
-
-    if args.noise_prompts:
-        t0 = time.perf_counter()
-        d = candidate_delta(model, [], 1)
-        delta = d["delta"]
-        reps = model.embedding_classes()[0]
-        rng = np.random.default_rng(123)
-        ok = []
-        for i in range(args.noise_prompts):
-            ids = rng.choice(reps, 1).astype(np.int32)
-            H = np.asarray(model.layer_states(ids, 1))
-            z = rng.standard_normal(H.shape)
-            noisy = (H + 0.45 * delta * z / np.linalg.norm(z, axis=1, keepdims=True)).astype(np.float32)
-            r = sipit(model, noisy, 1, eps=delta / 2, original=ids, policy=GradientPolicy(seed=i))
-            ok.append(bool(r.exact))
-        report["theorem_3_2"] = {
-            "layer": 1, "position": 0, "delta": delta, "delta_pair": [model.decode([t]) for t in d["pair"]],
-            "delta_pair_ids": list(d["pair"]), "median_state_norm": d["median_norm"],
-            "noise_norm": 0.45 * delta, "eps": delta / 2, "n_prompts": args.noise_prompts,
-            "exact_rate": float(np.mean(ok)), "seconds": time.perf_counter() - t0,
-        }
-        print(f"Delta (layer 1, position 0) = {delta:.4g}; noise 0.45 Delta: exact {np.mean(ok):.0%}", flush=True)
-        save()
 
 
 if __name__ == "__main__":

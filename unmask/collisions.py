@@ -214,13 +214,13 @@ def extension_test(model, prompt_a, prompt_b, layer: int, *, vocab=None, batch: 
     ``a`` and ``b``. Also returns the minimum over all pairs among the ``2 |vocab|``
     continuations (exact, blocked float64) when ``|vocab| <= 8192``.
     """
-    from unmask.sipit import _Context, _bucket
+    from unmask.sipit import _bucket, _context
 
     layer = model.check_layer(layer)
     V = model.config.vocab_size
     distinct = model.embedding_classes()[0]
     vocab = distinct if vocab is None else np.asarray(vocab, dtype=np.int32)
-    ctx = _Context(model, layer)
+    ctx = _context(model, layer)
     t0 = time.perf_counter()
 
     def continuations(prefix):

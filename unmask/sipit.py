@@ -109,6 +109,14 @@ class SipItResult:
         return out
 
 
+def _context(model: SmolLM, layer: int) -> "_Context":
+    """The `_Context` of ``model`` at ``layer``, built once (its jitted functions compile once)."""
+    cache = model.__dict__.setdefault("_sipit_contexts", {})
+    if layer not in cache:
+        cache[layer] = _Context(model, layer)
+    return cache[layer]
+
+
 class _Context:
     """Jitted pieces shared by the policies and the verifier for one model and layer."""
 
@@ -294,7 +302,7 @@ def sipit(
     V = model.config.vocab_size
     limit = V if max_candidates is None else int(max_candidates)
     T = H.shape[0]
-    ctx = _Context(model, layer)
+    ctx = _context(model, layer)
     ck, cv = model.empty_cache(layer, _bucket(T))
     norms = np.linalg.norm(H, axis=1)
     eps_t = [float(eps) if eps is not None else float(rel_eps * n) for n in norms]
@@ -368,7 +376,7 @@ def candidate_delta(model: SmolLM, prefix, layer: int, *, candidates=None, batch
 
     layer = model.check_layer(layer)
     prefix = model.check_tokens(np.asarray(prefix, dtype=np.int32).reshape(-1))
-    ctx = _Context(model, layer)
+    ctx = _context(model, layer)
     P = len(prefix)
     ck, cv = model.empty_cache(layer, _bucket(P + 1))
     for t, tok in enumerate(prefix):
