@@ -89,7 +89,13 @@ def run(args: argparse.Namespace) -> int:
             "layer": args.layer,
             "n_tokens": int(B.shape[1]),
             "recovered": None,
-            "certificate": {"status": result.status, "log_domain_residual": result.residual, "method": result.method},
+            "certificate": {
+                "status": result.status,
+                "log_domain_residual": result.residual,
+                "unknowns": result.unknowns,
+                "equations": result.equations,
+                "method": result.method,
+            },
             "seconds": result.seconds,
         }
     if original_ids is not None:
@@ -127,7 +133,11 @@ def run(args: argparse.Namespace) -> int:
         if "relative_error_X" in record:
             print(f"rel. error {record['relative_error_X']:.3g}  ||X_rec - X|| / ||X||", file=out)
         cert = record["certificate"]
-        print(f"certificate {cert['status']} ({cert['method']}; log-domain residual {cert['log_domain_residual']:.2e})", file=out)
+        print(
+            f"certificate {cert['status']} ({cert['method']}; log-domain residual {cert['log_domain_residual']:.2e}; "
+            f"{cert['unknowns']} unknowns, {cert['equations']} equations)",
+            file=out,
+        )
     record["setup_seconds"] = setup
     print(f"time       {record['seconds']:.2f} s (plus {setup:.2f} s loading the model and tables)", file=out)
     if args.json:
