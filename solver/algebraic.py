@@ -2,8 +2,9 @@
 
 With ``P = I - 1 1^T / n``, every head satisfies ``P log(B_h) P = (X P)^T W_h (X P)``
 exactly (softmax normalisers and row-only terms cancel). From two generic
-heads (or the symmetric and skew parts of one head) the centred X follows by a
-pencil argument, and the mean column from a linear system:
+heads the centred X follows by a pencil argument (from one head, by the
+cosquare of :func:`_cosquare`, up to the stabiliser), and the mean column
+from a linear system:
 
 1. U = top-d left singular vectors of ``[G_1 G_2 G_1^T G_2^T]`` (``G_h = P log B_h P``),
    so ``(XP)^T = U A`` with A unknown (d x d);
@@ -12,8 +13,7 @@ pencil argument, and the mean column from a linear system:
 4. ``V'^{-1} K_1 V'^{-T} = D (V^{-1} W_1 V^{-T}) D`` fixes D up to one global sign;
 5. the mean column m solves ``m^T W_h (XP) = (1/n) 1^T log(B_h) P - u_h^T (XP)``.
 
-It needs n > d, positive B entries and two heads whose pencil has distinct
-eigenvalues; otherwise :func:`algebraic_init` returns None and the solver
+It needs n > d, positive B entries and generic heads (distinct eigenvalues); otherwise :func:`algebraic_init` returns None and the solver
 falls back (see :mod:`solver.recover`).
 """
 
@@ -62,6 +62,48 @@ def _pencil(W1, W2, K1, K2):
     return np.real(A)
 
 
+def _cosquare(W, K):
+    """Solve ``K = A W A^T`` for A (one head), up to the stabiliser of W.
+
+    Congruence ``W -> A W A^T`` acts on the cosquare ``W^{-T} W`` by similarity
+    (``K^{-T} K = A^{-T} (W^{-T} W) A^T``), so eigenvectors give
+    ``A^T = V D^{-1} V'^{-1}``. ``T = V^T W V`` is non-zero only between
+    eigenvalues with ``lambda_i lambda_j = 1``, and ``V'^T K V' = D^{-1} T D^{-1}``
+    fixes only the products ``D_i D_j`` of such pairs: one free factor per pair,
+    which is the stabiliser (dimension floor(d/2)); it is set to 1, keeping
+    complex-conjugate eigenvectors conjugate so that A is real.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    try:
+        lam, V = np.linalg.eig(np.linalg.solve(W.T, W))
+        lam_k, Vk = np.linalg.eig(np.linalg.solve(K.T, K))
+    except np.linalg.LinAlgError:
+        return None
+    Vk = Vk[:, _match(lam, lam_k)]
+    T = V.T @ W @ V
+    Tp = Vk.T @ K @ Vk
+    d = len(lam)
+    _, partner = linear_sum_assignment(np.abs(lam[:, None] * lam[None, :] - 1.0))
+    conj = _match(lam, np.conj(lam))
+    D = np.zeros(d, dtype=complex)
+    for i in range(d):
+        if D[i] != 0:
+            continue
+        j = partner[i]
+        ratio = T[i, j] / Tp[i, j]  # = D_i D_j
+        if j == i or j == conj[i]:  # self-paired, or unit-circle pair: D_i = D_j (conjugates) = sqrt(ratio)
+            D[i] = np.sqrt(ratio)
+            D[j] = D[i] if j == i else np.conj(D[i])
+        else:
+            D[i], D[j] = 1.0, ratio
+            ci, cj = conj[i], conj[j]
+            if D[ci] == 0 and ci not in (i, j):
+                D[ci], D[cj] = 1.0, np.conj(ratio)
+    At = V @ np.diag(1.0 / D) @ np.linalg.inv(Vk)
+    return np.real(At.T)
+
+
 def algebraic_init(problem: Problem) -> np.ndarray | None:
     """Closed-form X (d, n) from the attention maps, or None where the algebra does not apply."""
     if problem.variant != ATTENTION or problem.n <= problem.d:
@@ -73,15 +115,12 @@ def algebraic_init(problem: Problem) -> np.ndarray | None:
     d, n = problem.d, problem.n
     G = centred_log(B)
     if problem.heads >= 2:
-        pairs = [(W[0], W[1], G[0], G[1])]
+        stack = np.concatenate([G[0], G[1], G[0].T, G[1].T] + [g for g in G[2:]], axis=1)
+        U = np.linalg.svd(stack, full_matrices=False)[0][:, :d]
+        A = _pencil(W[0], W[1], U.T @ G[0] @ U, U.T @ G[1] @ U)
     else:
-        Ws, Wa = (W[0] + W[0].T) / 2, (W[0] - W[0].T) / 2
-        pairs = [(Ws, Wa, (G[0] + G[0].T) / 2, (G[0] - G[0].T) / 2)]
-    W1, W2, G1, G2 = pairs[0]
-    stack = np.concatenate([G1, G2, G1.T, G2.T] + [g for g in G[2:]], axis=1)
-    U = np.linalg.svd(stack, full_matrices=False)[0][:, :d]
-    K1, K2 = U.T @ G1 @ U, U.T @ G2 @ U
-    A = _pencil(W1, W2, K1, K2)
+        U = np.linalg.svd(np.concatenate([G[0], G[0].T], axis=1), full_matrices=False)[0][:, :d]
+        A = _cosquare(W[0], U.T @ G[0] @ U)
     if A is None or not np.all(np.isfinite(A)):
         return None
     Y = (U @ A).T  # centred X, d x n

@@ -4,7 +4,11 @@ Three kinds leave every logit matrix's softmax (hence B) unchanged:
 
 - the stabiliser group ``G = {Q : Q^T W_h Q = W_h for all h, Q^T u_h = u_h}``
   acting as ``X -> Q X``; its Lie algebra is
-  ``g = {A : A^T W_h + W_h A = 0, A^T u_h = 0}``, computed here as a null space;
+  ``g = {A : A^T W_h + W_h A = 0, A^T u_h = 0}``, computed here as a null space.
+  With ONE head and a key bias the group is larger than problem.md says: the
+  bias only shifts column means, so all of Stab(W) acts, affinely,
+  ``X -> Q (X - m 1^T) + m' 1^T`` with ``W^T m' + u = Q^{-T} (W^T m + u)``
+  (checked: the loss is unchanged to 1e-31 while X moves by O(1));
 - translations ``X -> X + v 1^T`` with ``W_h^T v = 0`` for every head (the
   extra logits ``X^T W_h v 1^T`` and ``(u_h^T v) 1 1^T`` are constant along
   rows and cancel in the softmax; for the output variant ``W_V,h^T v = 0``
@@ -50,6 +54,27 @@ class Symmetry:
     lie_algebra: np.ndarray
     translations: np.ndarray
     sign_flip: bool
+    # one head with a key bias: Stab(W) acts affinely, X -> Q (X - m 1^T) + m'(Q) 1^T with
+    # W^T m' + u = Q^{-T} (W^T m + u) (m the mean column); (W, u) of that head, else None
+    affine: tuple | None = None
+
+    def act(self, Q: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """The group element Q (in Stab(W)) applied to X."""
+        if self.affine is None:
+            return Q @ X
+        W, u = self.affine
+        m = X.mean(axis=1)
+        m2 = np.linalg.solve(W.T, np.linalg.solve(Q.T, W.T @ m + u) - u)
+        return Q @ (X - m[:, None]) + m2[:, None]
+
+    def act_derivative(self, Q: np.ndarray, A: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """d/ds of act(Q expm(s A), X) at s = 0."""
+        if self.affine is None:
+            return Q @ A @ X
+        W, u = self.affine
+        m = X.mean(axis=1)
+        dm = np.linalg.solve(W.T, -np.linalg.solve(Q.T, A.T @ (W.T @ m + u)))
+        return Q @ A @ (X - m[:, None]) + dm[:, None]
 
     @property
     def dimension(self) -> int:
@@ -58,7 +83,8 @@ class Symmetry:
     def orbit_tangent(self, X: np.ndarray) -> np.ndarray:
         """(dn, dimension) basis of the tangent space of the orbit at X (row-major vec)."""
         d, n = X.shape
-        cols = [(A @ X).reshape(-1) for A in self.lie_algebra]
+        eye = np.eye(d)
+        cols = [self.act_derivative(eye, A, X).reshape(-1) for A in self.lie_algebra]
         cols += [np.outer(v, np.ones(n)).reshape(-1) for v in self.translations.T]
         return np.array(cols).T if cols else np.zeros((d * n, 0))
 
@@ -72,10 +98,21 @@ def symmetries(problem: Problem, rtol: float = 1e-10) -> Symmetry:
     for Wh in W:
         # vec_r(A^T W + W A) = (W^T (x) I) P vec_r(A) + (W (x) I) vec_r(A), P the transpose permutation
         rows.append(np.kron(eye, Wh.T)[:, _transpose_perm(d)] + np.kron(Wh, eye))
-    for uh in np.asarray(problem.U, dtype=np.float64):
-        if np.any(uh != 0):
-            # A^T u = 0  <=>  sum_a A[a, b] u[a] = 0 for every b
-            rows.append(np.kron(uh[None, :], eye))
+    affine = None
+    if problem.heads == 1 and problem.has_bias and problem.variant != OUTPUT and \
+            np.linalg.cond(W[0]) < 1e12:
+        # the bias shifts only column means, which the mean column m absorbs (see Symmetry.affine)
+        affine = (W[0], np.asarray(problem.U[0], dtype=np.float64))
+    else:
+        for uh in np.asarray(problem.U, dtype=np.float64):
+            if np.any(uh != 0):
+                # A^T u = 0  <=>  sum_a A[a, b] u[a] = 0 for every b
+                rows.append(np.kron(uh[None, :], eye))
+    if problem.variant == OUTPUT:
+        # X^T W_V must be unchanged too: A^T w = 0 for every column w of every W_V,h
+        for Wv in np.asarray(problem.W_V, dtype=np.float64):
+            for w in Wv.T:
+                rows.append(np.kron(w[None, :], eye))
     M = np.vstack(rows)
     scale = max(1.0, float(np.max(np.abs(M))))
     basis = _null_space(M / scale, rtol)
@@ -87,7 +124,7 @@ def symmetries(problem: Problem, rtol: float = 1e-10) -> Symmetry:
     T = np.vstack(trans_rows)
     translations = _null_space(T / max(1.0, float(np.max(np.abs(T)))), rtol)
     sign_flip = (not problem.has_bias) and problem.variant != OUTPUT
-    return Symmetry(lie_algebra=lie, translations=translations, sign_flip=sign_flip)
+    return Symmetry(lie_algebra=lie, translations=translations, sign_flip=sign_flip, affine=affine)
 
 
 def _transpose_perm(d: int) -> np.ndarray:
@@ -109,9 +146,10 @@ def distance_to_orbit(problem: Problem, X: np.ndarray, X_true: np.ndarray, sym: 
     """Relative Frobenius distance from X to the orbit of X_true, ``min ||X - g X_true|| / ||X_true||``.
 
     Minimises over the sign flip (when it is a symmetry), translations (closed
-    form, they are linear) and the identity component of the stabiliser
-    (Gauss-Newton on the group coordinates from the identity: exact when the
-    group is finite, a local minimum otherwise).
+    form, they are linear) and the stabiliser (Gauss-Newton on the group
+    coordinates from the identity, and from the least-squares Q with
+    ``X ~ Q X_true`` when that Q is in the group, which reaches the other
+    components: exact when the group is finite, a local minimum otherwise).
     """
     sym = symmetries(problem) if sym is None else sym
     X = np.asarray(X, float)
@@ -121,6 +159,17 @@ def distance_to_orbit(problem: Problem, X: np.ndarray, X_true: np.ndarray, sym: 
     best = np.inf
     for Y in candidates:
         best = min(best, _orbit_fit(sym, X, Y, iterations) / norm)
+    # the stabiliser can have components the identity component does not reach (a real
+    # eigenvalue pair of the cosquare contributes t -> -t): try the least-squares Q with
+    # X ~ Q X_true when it lies in the group
+    centre = (lambda Z: Z - Z.mean(axis=1, keepdims=True)) if sym.affine is not None else (lambda Z: Z)
+    Q = centre(X) @ np.linalg.pinv(centre(X_true))
+    W = np.asarray(problem.W, np.float64)
+    scale = max(1.0, float(np.max(np.abs(W))))
+    in_group = all(np.max(np.abs(Q.T @ Wh @ Q - Wh)) <= 1e-8 * scale for Wh in W) and (sym.affine is not None or all(
+        np.max(np.abs(Q.T @ uh - uh)) <= 1e-8 * max(1.0, float(np.max(np.abs(uh)))) for uh in np.asarray(problem.U)))
+    if in_group and problem.variant != OUTPUT:
+        best = min(best, _orbit_fit(sym, X, sym.act(Q, X_true), iterations) / norm)
     return float(best)
 
 
@@ -141,10 +190,10 @@ def _orbit_fit(sym: Symmetry, X, Y, iterations):
     Q = np.eye(d)
     for _ in range(iterations):
         # Gauss-Newton on Q -> Q expm(sum_k s_k A_k); the Jacobian at s = 0 is exact
-        R = translate_out(X - Q @ Y)
-        J = np.stack([translate_out(-(Q @ A @ Y)).reshape(-1) for A in sym.lie_algebra], axis=1)
+        R = translate_out(X - sym.act(Q, Y))
+        J = np.stack([translate_out(-sym.act_derivative(Q, A, Y)).reshape(-1) for A in sym.lie_algebra], axis=1)
         step, *_ = np.linalg.lstsq(J, -R.reshape(-1), rcond=None)
         Q = Q @ scipy.linalg.expm(np.tensordot(step, sym.lie_algebra, axes=1))
         if np.linalg.norm(step) < 1e-15:
             break
-    return np.linalg.norm(translate_out(X - Q @ Y))
+    return np.linalg.norm(translate_out(X - sym.act(Q, Y)))

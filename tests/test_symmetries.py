@@ -39,8 +39,24 @@ def test_stabiliser_orbit_leaves_loss_unchanged(seed, d, n, bias):
     Q = group_element(sym, rng.normal(size=sym.lie_algebra.shape[0]))
     for Wh, uh in zip(problem.W, problem.U):
         np.testing.assert_allclose(Q.T @ Wh @ Q, Wh, atol=1e-10 * max(1.0, np.abs(Wh).max()))
-        np.testing.assert_allclose(Q.T @ uh, uh, atol=1e-10)
-    assert abs(_loss(problem, Q @ X) - _loss(problem, X)) <= 1e-10 * max(1.0, _loss(problem, X))
+        if sym.affine is None:
+            np.testing.assert_allclose(Q.T @ uh, uh, atol=1e-10)
+    moved = sym.act(Q, X)
+    assert abs(_loss(problem, moved) - _loss(problem, X)) <= 1e-10 * max(1.0, _loss(problem, X))
+
+
+def test_one_head_with_bias_has_the_affine_group():
+    # problem.md's group (Q^T u = u) is too small for one head: all of Stab(W) acts affinely
+    from tests.helpers import random_instance
+
+    problem, X, _ = random_instance(5, 6, 9, 1, bias=True, output=False, reg=False)
+    sym = symmetries(problem)
+    assert sym.affine is not None and sym.lie_algebra.shape[0] == 3  # floor(6 / 2)
+    Q = group_element(sym, np.array([0.5, -0.3, 0.8]))
+    moved = sym.act(Q, X)
+    assert np.linalg.norm(moved - X) > 0.1
+    assert abs(_loss(problem, moved) - _loss(problem, X)) <= 1e-10 * max(1.0, _loss(problem, X))
+    assert abs(_loss(problem, Q @ X) - _loss(problem, X)) > 1e-6  # the linear action alone is not a symmetry
 
 
 @pytest.mark.parametrize("d,expected", [(2, 1), (3, 1), (4, 2), (5, 2), (8, 4)])
