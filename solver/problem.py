@@ -230,7 +230,9 @@ class Problem:
     @cached_property
     def _args(self) -> tuple:
         data = (self.W, self.U, self.B) if self.variant == ATTENTION else (self.W, self.U, self.W_V, self.B)
-        return tuple(jnp.asarray(a) for a in data + (self.Gamma, self.X0))
+        # concrete arrays even when first reached inside a jax.jit trace (a cached tracer would leak)
+        with jax.ensure_compile_time_eval():
+            return tuple(jnp.asarray(a) for a in data + (self.Gamma, self.X0))
 
     def check_X(self, X, name: str = "X") -> jnp.ndarray:
         """Validate a (d, n) iterate and return it as a JAX array of the problem's dtype."""
