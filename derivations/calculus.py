@@ -21,7 +21,6 @@ against ``jax.grad`` / ``jax.jvp`` at all sizes (``tests/``).
 
 from __future__ import annotations
 
-from functools import reduce
 
 import sympy as sp
 from sympy import (

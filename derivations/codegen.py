@@ -199,8 +199,11 @@ def _function(name: str, expr, args: list, doc: str) -> str:
     signature = ["X"] + (["V"] if expr.has(V) else []) + [_argname(a) for a in args]
     em = Emitter(argnames)
     result = em.emit(expr)
-    header = [f"def {name}({', '.join(signature)}):", f'    """{doc}"""', "    d, n = X.shape", "    dtype = X.dtype"]
-    if any(a.name == "W_V" for a in args):
+    body_text = "\n".join(em.lines)
+    header = [f"def {name}({', '.join(signature)}):", f'    """{doc}"""', "    d, n = X.shape"]
+    if "dtype" in body_text:
+        header.append("    dtype = X.dtype")
+    if any(a.name == "W_V" for a in args) and "dv" in body_text:
         header.append("    dv = Wv.shape[1]")
     if any(a.name == "u" for a in args):
         header.append("    u = jnp.reshape(u, (d, 1))")

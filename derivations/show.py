@@ -9,7 +9,7 @@ from __future__ import annotations
 import sympy as sp
 from sympy import MatrixSymbol
 
-from .calculus import RowSoftmax, tangent
+from .calculus import tangent
 from .losses import V, X, all_derivations, attention, logits, n
 
 
@@ -39,4 +39,4 @@ def describe() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["describe", "RowSoftmax"]
+__all__ = ["describe"]

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 def attention_head_loss(X, W, u, B):
     """Loss: 1/2 ||softmax(X^T W X + 1 u^T X) - B||_F^2 (one head of the attention-matrix loss)."""
     d, n = X.shape
-    dtype = X.dtype
     u = jnp.reshape(u, (d, 1))
     t0 = u.T
     t1 = t0 @ X
@@ -35,7 +34,6 @@ def attention_head_loss(X, W, u, B):
 def attention_head_grad(X, W, u, B):
     """Gradient of attention_head_loss with respect to X (d x n)."""
     d, n = X.shape
-    dtype = X.dtype
     u = jnp.reshape(u, (d, 1))
     t0 = u.T
     t1 = t0 @ X
@@ -65,7 +63,6 @@ def attention_head_grad(X, W, u, B):
 def attention_head_hvp(X, V, W, u, B):
     """Hessian of attention_head_loss applied to V (d x n)."""
     d, n = X.shape
-    dtype = X.dtype
     u = jnp.reshape(u, (d, 1))
     t0 = u.T
     t1 = t0 @ X
@@ -136,8 +133,6 @@ def attention_head_hvp(X, V, W, u, B):
 def output_head_loss(X, W, u, Wv, B):
     """Loss: 1/2 ||softmax(X^T W X + 1 u^T X) X^T W_V - B||_F^2 (one head of the attention-output loss)."""
     d, n = X.shape
-    dtype = X.dtype
-    dv = Wv.shape[1]
     u = jnp.reshape(u, (d, 1))
     t0 = u.T
     t1 = t0 @ X
@@ -157,8 +152,6 @@ def output_head_loss(X, W, u, Wv, B):
 def output_head_grad(X, W, u, Wv, B):
     """Gradient of output_head_loss with respect to X (d x n)."""
     d, n = X.shape
-    dtype = X.dtype
-    dv = Wv.shape[1]
     u = jnp.reshape(u, (d, 1))
     t0 = u.T
     t1 = t0 @ X
@@ -196,8 +189,6 @@ def output_head_grad(X, W, u, Wv, B):
 def output_head_hvp(X, V, W, u, Wv, B):
     """Hessian of output_head_loss applied to V (d x n)."""
     d, n = X.shape
-    dtype = X.dtype
-    dv = Wv.shape[1]
     u = jnp.reshape(u, (d, 1))
     t0 = u.T
     t1 = t0 @ X
@@ -291,7 +282,6 @@ def output_head_hvp(X, V, W, u, Wv, B):
 def regulariser_loss(X, Gamma, X0):
     """Loss: 1/2 ||Gamma o (X - X0)||_F^2 (entrywise weights Gamma >= 0, prior X0)."""
     d, n = X.shape
-    dtype = X.dtype
     t0 = X - X0
     t1 = t0 * Gamma
     t2 = jnp.sum(t1 * t1)
@@ -301,7 +291,6 @@ def regulariser_loss(X, Gamma, X0):
 def regulariser_grad(X, Gamma, X0):
     """Gradient of regulariser_loss with respect to X (d x n)."""
     d, n = X.shape
-    dtype = X.dtype
     t0 = X - X0
     t1 = t0 * Gamma
     t2 = t1 * Gamma
@@ -310,7 +299,6 @@ def regulariser_grad(X, Gamma, X0):
 def regulariser_hvp(X, V, Gamma, X0):
     """Hessian of regulariser_loss applied to V (d x n)."""
     d, n = X.shape
-    dtype = X.dtype
     t0 = Gamma * V
     t1 = t0 * Gamma
     return t1

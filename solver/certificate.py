@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .newton import LocalConstants, extreme_eigenvalues, local_constants
+from .newton import LocalConstants, _project_out, extreme_eigenvalues, local_constants
 from .problem import Problem
 
 
@@ -84,10 +84,7 @@ def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, floa
     """Local constants at X (fresh evaluation), the off-orbit gradient norm and lambda_min."""
     from .recover import hessian_lipschitz_on
 
-    g = np.asarray(problem.grad(X), np.float64).reshape(-1)
-    if T is not None:
-        g = g - T @ (T.T @ g)
-    gn = float(np.linalg.norm(g))
+    gn = float(np.linalg.norm(_project_out(np.asarray(problem.grad(X), np.float64).reshape(-1), T)))
     lam0, lam_max, margin = extreme_eigenvalues(problem, X, T)
     consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r))
     return consts, gn, lam0

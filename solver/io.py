@@ -69,6 +69,16 @@ def atomic_save_npz(path: str | os.PathLike, **arrays) -> Path:
     return atomic_write(path, buf.getvalue())
 
 
+def save_figure(fig, path: str | os.PathLike, dpi: int = 100) -> Path:
+    """Render a matplotlib figure to PNG, write it atomically and close the figure."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    return atomic_write(path, buf.getvalue())
+
+
 def load_array(path: str | os.PathLike, what: str) -> np.ndarray:
     """Load a ``.npy`` file (no pickles) or raise :class:`InputFileError` naming ``what``."""
     path = Path(path)

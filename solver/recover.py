@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .certificate import Certificate, build_certificate
-from .errors import CertificationError, InvalidProblemError
-from .newton import History, certified_newton, extreme_eigenvalues, levenberg_marquardt, local_constants
+from .certificate import Certificate, build_certificate, final_constants
+from .errors import CertificationError
+from .newton import History, certified_newton, levenberg_marquardt
 from .problem import ATTENTION, Problem
-from .symmetry import Symmetry, symmetries
+from .symmetry import symmetries
 
 _VALIDATED: dict = {}
 
@@ -152,10 +152,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     for lm_tol, iters in ((max(gtol, 1e-6), max_iter), (0.0, 30)):  # second pass: to the rounding floor
         X = levenberg_marquardt(problem, X, history, iters, lm_tol, T_fn=orbit)
         T = orbit(X)
-        g = np.asarray(problem.grad(X), np.float64).reshape(-1)
-        gn = float(np.linalg.norm(g if T is None else g - T @ (T.T @ g)))
-        lam0, lam_max, margin = extreme_eigenvalues(problem, X, T)
-        consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r))
+        consts, gn, lam0 = final_constants(problem, X, T)
         if consts is not None:
             break
     validation = None
@@ -192,4 +189,4 @@ def recover_attention(W, B, *, u=None, gamma=0.0, X0=None, **kwargs) -> Result:
     return recover(Problem.create(W, B, u=u, gamma=gamma, X0=X0), **kwargs)
 
 
-__all__ = ["Result", "recover", "recover_attention", "validate_region", "Symmetry", "InvalidProblemError"]
+__all__ = ["Result", "recover", "recover_attention", "validate_region", "hessian_lipschitz_on"]

@@ -20,15 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def histogram(path, states: dict, title: str) -> None:
     """Histogram of each prompt's nearest-neighbour distance, one panel per layer (log x)."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from solver.io import atomic_write
+    from solver.io import save_figure
     from unmask.collisions import nearest_neighbour_distances
 
     fig, axes = plt.subplots(1, len(states), figsize=(4 * len(states), 3.2))
@@ -42,10 +40,7 @@ def histogram(path, states: dict, title: str) -> None:
     axes[0].set_ylabel("prompts")
     fig.suptitle(title)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_figure(fig, path, dpi=90)
 
 
 def run(args) -> int:

@@ -16,14 +16,12 @@ def add_arguments(p):
 
 
 def _plot(history, path):
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from solver.io import atomic_write
+    from solver.io import save_figure
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     colours = {"uncertified-lm": "tab:gray", "certified-damped": "tab:orange", "certified-quadratic": "tab:blue"}
@@ -36,10 +34,7 @@ def _plot(history, path):
     ax.set_title("Newton from a perturbed start: phases")
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_figure(fig, path, dpi=110)
 
 
 def run(args) -> int:

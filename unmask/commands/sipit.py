@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 HELP = "recover a prompt from the hidden states of a causal LM (SipIt)"
 
