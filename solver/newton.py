@@ -32,6 +32,8 @@ from .errors import LinearSolveError
 from .problem import Problem
 
 DENSE_MAX = 2048  # dn up to which the dense Hessian and Cholesky are used
+CG_MAX_ITER = 2000  # matrix-free: most HVPs in one Newton linear solve
+LANCZOS_MAX_STEPS = 300  # matrix-free lambda_min: most Lanczos steps (each keeps one dn-vector)
 
 
 @dataclass
@@ -95,17 +97,13 @@ def newton_direction(problem: Problem, X, g, shift: float = 0.0, T=None, forcing
             raise LinearSolveError(f"Newton system not positive definite at dn = {d * n} (shift {shift:.2e})") from exc
         s = -np.linalg.solve(c.T, np.linalg.solve(c, gv))
     else:
-        Xj = jnp.asarray(X)
-
-        def mv(v):
-            v = _project_out(np.asarray(v), T)
-            hv = np.asarray(problem.hvp(Xj, jnp.asarray(v.reshape(d, n)))).reshape(-1)
-            return _project_out(hv, T) + shift * v + (0 if T is None else T @ (T.T @ v))
-
-        op = spla.LinearOperator((d * n, d * n), matvec=mv, dtype=np.float64)
-        s, info = spla.cg(op, -gv, rtol=forcing, maxiter=10 * d * n)
+        # the orbit directions get curvature 1 and zero gradient, as in the dense branch
+        op = spla.LinearOperator((d * n, d * n), matvec=hessian_operator(problem, X, T, shift, orbit_curvature=1.0),
+                                 dtype=np.float64)
+        s, info = spla.cg(op, -gv, rtol=forcing, maxiter=min(10 * d * n, CG_MAX_ITER))
         if info < 0:
             raise LinearSolveError(f"conjugate gradients broke down (info {info}) at dn = {d * n}")
+        # info > 0 (CG_MAX_ITER reached) leaves an inexact direction: LM accepts it only if L decreases
         s = np.asarray(s)
     if not np.all(np.isfinite(s)):
         raise LinearSolveError("Newton step has non-finite entries; the Hessian is singular or the data overflow")
@@ -113,8 +111,15 @@ def newton_direction(problem: Problem, X, g, shift: float = 0.0, T=None, forcing
     return s.reshape(d, n), dec
 
 
-def extreme_eigenvalues(problem: Problem, X, T=None) -> tuple[float, float, float]:
-    """(lambda_min, lambda_max, rounding margin) of the Hessian on the complement of span T."""
+def extreme_eigenvalues(problem: Problem, X, T=None, stop_below: float | None = None) -> tuple[float, float, float]:
+    """(lambda_min, lambda_max, margin) of the Hessian on the complement of span T.
+
+    Dense ``eigh`` for dn <= DENSE_MAX (margin: its backward error). Matrix-free above:
+    ``eigsh`` for lambda_max and :func:`lanczos_smallest` for lambda_min, margin = the larger
+    Ritz residual plus the HVP's rounding. With ``stop_below``, the matrix-free lambda_min
+    stops as soon as a Ritz value (an upper bound on lambda_min) falls below it and returns
+    that Ritz value: enough for a caller that only needs to know lambda_min < stop_below.
+    """
     d, n = problem.d, problem.n
     eps = np.finfo(np.float64).eps
     if d * n <= DENSE_MAX:
@@ -127,16 +132,84 @@ def extreme_eigenvalues(problem: Problem, X, T=None) -> tuple[float, float, floa
         # eigvalsh is backward stable: |error| <= c dn eps ||H||_2; generous c = 10
         margin = 10 * d * n * eps * float(np.max(np.abs(ev)))
         return float(ev[0]), float(ev[-1]), margin
+    # matrix-free (d n > DENSE_MAX): Krylov methods on the generated HVP, restricted to the complement of
+    # span T (projected start, projected products, so the orbit's zero curvature never enters)
+    mv = hessian_operator(problem, X, T)
+    op = spla.LinearOperator((d * n, d * n), matvec=mv, dtype=np.float64)
+    v0 = _project_out(np.random.default_rng(0).normal(size=d * n), T)
+    w, vec = spla.eigsh(op, k=1, which="LA", tol=1e-8, v0=v0)
+    lmax, y = float(w[0]), vec[:, 0]
+    res_max = float(np.linalg.norm(mv(y) - lmax * y))
+    rounding = 10 * math.sqrt(d * n) * eps * abs(lmax)  # of one HVP, relative to ||H||_2, generous
+    lmin, res_min, _ = lanczos_smallest(mv, v0, stop_below=stop_below, rounding=rounding)
+    return lmin, lmax, max(res_min, res_max) + rounding
+
+
+def hessian_operator(problem: Problem, X, T=None, shift: float = 0.0, orbit_curvature: float = 0.0):
+    """``v -> (P H P + shift I + c T T^T) v`` on vec'd (row-major) directions, H the Hessian at X,
+    ``P = I - T T^T``, ``c = orbit_curvature``: one generated HVP per product, never a dense matrix."""
+    d, n = problem.d, problem.n
     Xj = jnp.asarray(X)
 
     def mv(v):
-        v = _project_out(np.asarray(v), T)
-        return _project_out(np.asarray(problem.hvp(Xj, jnp.asarray(v.reshape(d, n)))).reshape(-1), T)
+        v = np.asarray(v, np.float64).reshape(-1)
+        vp = _project_out(v, T)
+        hv = _project_out(np.asarray(problem.hvp(Xj, jnp.asarray(vp.reshape(d, n))), np.float64).reshape(-1), T)
+        if shift:
+            hv = hv + shift * vp
+        if orbit_curvature and T is not None:
+            hv = hv + orbit_curvature * (T @ (T.T @ v))
+        return hv
 
-    op = spla.LinearOperator((d * n, d * n), matvec=mv, dtype=np.float64)
-    lmax = float(spla.eigsh(op, k=1, which="LA", tol=1e-10, return_eigenvectors=False)[0])
-    lmin = float(spla.eigsh(op, k=1, which="SA", tol=1e-10, return_eigenvectors=False)[0])
-    return lmin, lmax, 1e-8 * max(abs(lmin), abs(lmax))
+    return mv
+
+
+def lanczos_smallest(mv, v0: np.ndarray, *, max_steps: int = LANCZOS_MAX_STEPS, rtol: float = 1e-2,
+                     stop_below: float | None = None, rounding: float = 0.0) -> tuple[float, float, int]:
+    """Smallest Ritz value of the symmetric operator ``mv`` on the Krylov space of ``v0``.
+
+    Lanczos with full reorthogonalisation (so the basis stays orthonormal and the
+    Ritz value is a Rayleigh quotient). Returns ``(theta, residual, steps)`` with
+    ``residual = ||H y - theta y||`` recomputed with one more product at the Ritz vector y.
+
+    What is rigorous: ``theta >= lambda_min`` (up to the HVP's rounding), always, so
+    ``theta < stop_below`` settles ``lambda_min < stop_below`` and the iteration stops
+    there. Some eigenvalue lies in ``[theta - residual, theta + residual]``; that it is
+    the smallest one rests on the random start having a component along the bottom
+    eigenvector (a Krylov method can miss an eigenvalue only from a start
+    orthogonal to it). Stops when ``residual <= rtol |theta| + rounding`` or after
+    ``max_steps`` products (memory ``max_steps`` vectors of length dn).
+    """
+    from scipy.linalg import eigh_tridiagonal
+
+    dim = v0.shape[0]
+    max_steps = max(1, min(max_steps, dim))
+    Q = np.empty((max_steps + 1, dim))
+    Q[0] = v0 / np.linalg.norm(v0)
+    alpha: list[float] = []
+    beta: list[float] = []
+    theta, s = np.inf, np.ones(1)
+    k = 0
+    for k in range(max_steps):
+        w = mv(Q[k])
+        alpha.append(float(Q[k] @ w))
+        for _ in range(2):  # twice is enough (Kahan)
+            w = w - Q[: k + 1].T @ (Q[: k + 1] @ w)
+        b = float(np.linalg.norm(w))
+        last = k + 1 == max_steps or b <= 1e-14 * max(1.0, abs(alpha[0]))
+        if (k + 1) % 10 == 0 or last:
+            evals, evecs = eigh_tridiagonal(np.array(alpha), np.array(beta), select="i",
+                                                         select_range=(0, 0))
+            theta, s = float(evals[0]), evecs[:, 0]
+            estimate = b * abs(s[-1])  # ||H y - theta y|| in exact arithmetic
+            if (stop_below is not None and theta < stop_below) or estimate <= rtol * abs(theta) + rounding or last:
+                break
+        beta.append(b)
+        Q[k + 1] = w / b
+    y = Q[: len(s)].T @ s
+    y /= np.linalg.norm(y)
+    residual = float(np.linalg.norm(mv(y) - theta * y))
+    return theta, residual, k + 1
 
 
 def levenberg_marquardt(problem: Problem, X, history: History, max_iter: int, gtol: float, T_fn=None):

@@ -93,7 +93,13 @@ def symmetries(problem: Problem, rtol: float = 1e-10) -> Symmetry:
     """Compute the stabiliser algebra, translations and sign flip of ``problem``."""
     d = problem.d
     W = np.asarray(problem.W, dtype=np.float64)
+    if d > LIE_DENSE_MAX_D:  # the dense system below has H d^4 entries
+        return _symmetries_large(problem, W, rtol)
     rows = []
+    eye = np.eye(d)
+    for Wh in W:
+        # vec_r(A^T W + W A) = (W^T (x) I) P vec_r(A) + (W (x) I) vec_r(A), P the transpose permutation
+        rows.append(np.kron(eye, Wh.T)[:, _transpose_perm(d)] + np.kron(Wh, eye))
     eye = np.eye(d)
     for Wh in W:
         # vec_r(A^T W + W A) = (W^T (x) I) P vec_r(A) + (W (x) I) vec_r(A), P the transpose permutation
@@ -125,6 +131,72 @@ def symmetries(problem: Problem, rtol: float = 1e-10) -> Symmetry:
     translations = _null_space(T / max(1.0, float(np.max(np.abs(T)))), rtol)
     sign_flip = (not problem.has_bias) and problem.variant != OUTPUT
     return Symmetry(lie_algebra=lie, translations=translations, sign_flip=sign_flip, affine=affine)
+
+
+LIE_DENSE_MAX_D = 64  # above this d, the stabiliser algebra comes from the commutant (two or more heads)
+
+
+def _symmetries_large(problem: Problem, W: np.ndarray, rtol: float) -> Symmetry:
+    """:func:`symmetries` without the (H d^2) x d^2 system, for d > LIE_DENSE_MAX_D.
+
+    Every A in the algebra commutes with ``C = W_1^{-1} W_2`` (differentiate
+    ``Q^{-1} C Q = C``, which follows from ``Q^T W_h Q = W_h``). When C has distinct
+    eigenvalues, ``C = V diag(lambda) V^{-1}``, its real commutant is d-dimensional,
+    spanned by ``v_k w_k^T`` (real eigenvalues) and the real and imaginary parts of
+    that matrix (complex pairs), w_k the rows of V^{-1}; the constraints of the
+    algebra are then a (H d^2 + ...) x d system. Otherwise (one head, a singular
+    W_1, repeated eigenvalues) it refuses with MemoryBudgetError.
+    """
+    from .errors import MemoryBudgetError
+
+    d = problem.d
+    need = 8 * (problem.heads + 2) * d**4
+    reason = None
+    if problem.heads < 2:
+        reason = "one head has no second head to pair with"
+    elif np.linalg.cond(W[0]) > 1e12:
+        reason = "W_1 is singular"
+    if reason is None:
+        lam, V = np.linalg.eig(np.linalg.solve(W[0], W[1]))
+        scale = max(1.0, float(np.max(np.abs(lam))))
+        gaps = np.abs(lam[:, None] - lam[None, :]) + np.eye(d) * scale
+        if float(gaps.min()) < 1e-8 * scale or np.linalg.cond(V) > 1e10:
+            reason = "W_1^{-1} W_2 has (nearly) repeated eigenvalues"
+    if reason is not None:
+        raise MemoryBudgetError(
+            f"symmetry analysis at d = {d}: the commutant reduction does not apply ({reason}), and the dense "
+            f"system needs about {need / 1024**3:.1f} GiB; use d <= {LIE_DENSE_MAX_D} or two generic heads")
+    Vinv = np.linalg.inv(V)
+    basis = []
+    for k in range(d):
+        E = np.outer(V[:, k], Vinv[k])
+        if abs(lam[k].imag) <= 1e-12 * scale:
+            basis.append(E.real)
+        elif lam[k].imag > 0:
+            basis += [E.real, E.imag]
+    basis = np.array([B / np.linalg.norm(B) for B in basis])
+
+    def constraints(A):
+        out = [A.T @ Wh + Wh @ A for Wh in W]
+        out += [A.T @ uh for uh in np.asarray(problem.U, np.float64) if np.any(uh != 0)]
+        if problem.variant == OUTPUT:
+            out += [A.T @ Wv for Wv in np.asarray(problem.W_V, np.float64)]
+        return np.concatenate([o.reshape(-1) for o in out])
+
+    K = np.stack([constraints(B) for B in basis], axis=1)
+    null = _null_space(K / max(1.0, float(np.max(np.abs(K)))), rtol)
+    if null.shape[1]:
+        q, _ = np.linalg.qr(np.tensordot(basis, null, axes=(0, 0)).reshape(d * d, -1))
+        lie = q.T.reshape(-1, d, d)
+    else:
+        lie = np.zeros((0, d, d))
+    trans_rows = [Wh.T for Wh in W]
+    if problem.variant == OUTPUT:
+        trans_rows += [Wv.T for Wv in np.asarray(problem.W_V, dtype=np.float64)]
+    T = np.vstack(trans_rows)
+    translations = _null_space(T / max(1.0, float(np.max(np.abs(T)))), rtol)
+    sign_flip = (not problem.has_bias) and problem.variant != OUTPUT
+    return Symmetry(lie_algebra=lie, translations=translations, sign_flip=sign_flip)
 
 
 def _transpose_perm(d: int) -> np.ndarray:
