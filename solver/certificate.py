@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import math
 import platform
 from dataclasses import asdict, dataclass, field
 
@@ -85,7 +86,10 @@ def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, floa
     from .recover import hessian_lipschitz_on
 
     gn = float(np.linalg.norm(_project_out(np.asarray(problem.grad(X), np.float64).reshape(-1), T)))
-    lam0, lam_max, margin = extreme_eigenvalues(problem, X, T)
+    # local_constants needs lambda_min^2 > 8 M(r) (2 ||grad||) >= 16 M(0) ||grad||: below that floor the
+    # matrix-free lambda_min may stop early (it returns an upper bound, and the certificate fails as it must)
+    floor = math.sqrt(16.0 * hessian_lipschitz_on(problem, X, 0.0) * gn)
+    lam0, lam_max, margin = extreme_eigenvalues(problem, X, T, stop_below=floor)
     consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r))
     return consts, gn, lam0
 

@@ -163,8 +163,11 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         if validation["status"] != "OK":
             consts = None
     if consts is None:
-        reason = (f"lambda_min = {lam0:.3e} at the iterate (off the {sym.dimension}-dimensional orbit), "
-                  f"gradient norm {gn:.3e}: lambda_min^2 < 8 M ||grad|| or lambda_min <= 0")
+        M0 = hessian_lipschitz_on(problem, X, 0.0)  # the lemma's M at radius 0: a lower bound of the M used
+        reason = (f"lambda_min <= {lam0:.3e} at the iterate (off the {sym.dimension}-dimensional orbit), "
+                  f"gradient norm {gn:.3e}, Hessian-Lipschitz bound M >= {M0:.3e}: lambda_min^2 < 16 M ||grad|| or "
+                  f"lambda_min <= 0; it would take ||grad|| <= lambda_min^2 / (16 M) = {max(lam0, 0.0)**2 / (16 * M0):.1e}, "
+                  f"or an M {16 * M0 * gn / max(lam0, 1e-300)**2:.1e} times smaller")
         if validation is not None and validation["status"] != "OK":
             reason = f"the checker's validation of the M lemma failed on the region: {validation}"
         if certify:
