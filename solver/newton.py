@@ -32,7 +32,7 @@ from .errors import LinearSolveError
 from .problem import Problem
 
 DENSE_MAX = 2048  # dn up to which the dense Hessian and Cholesky are used
-CG_MAX_ITER = 2000  # matrix-free: most HVPs in one Newton linear solve
+CG_MAX_ITER = 500  # matrix-free: most HVPs in one Newton linear solve (an inexact step is still a descent step)
 LANCZOS_MAX_STEPS = 300  # matrix-free lambda_min: most Lanczos steps (each keeps one dn-vector)
 
 

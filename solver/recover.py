@@ -32,7 +32,7 @@ import numpy as np
 
 from .certificate import Certificate, build_certificate, final_constants
 from .errors import CertificationError
-from .newton import History, certified_newton, levenberg_marquardt
+from .newton import DENSE_MAX, History, certified_newton, levenberg_marquardt
 from .problem import ATTENTION, Problem
 from .symmetry import symmetries
 
@@ -149,7 +149,9 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         return _orthonormal(sym.orbit_tangent(Xc)) if sym.dimension else None
 
     # globalise only until the local certificate can be tried; if it fails, go on to gtol and retry
-    for lm_tol, iters in ((max(gtol, 1e-6), max_iter), (0.0, 30)):  # second pass: to the rounding floor
+    # second pass: to the rounding floor (5 iterations when matrix-free: each is up to CG_MAX_ITER HVPs)
+    floor_iters = 30 if problem.d * problem.n <= DENSE_MAX else 5
+    for lm_tol, iters in ((max(gtol, 1e-6), max_iter), (0.0, floor_iters)):
         X = levenberg_marquardt(problem, X, history, iters, lm_tol, T_fn=orbit)
         T = orbit(X)
         consts, gn, lam0 = final_constants(problem, X, T)
