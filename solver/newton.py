@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg
 import scipy.sparse.linalg as spla
 
 from .errors import LinearSolveError
@@ -76,26 +77,39 @@ def _orthonormal(T: np.ndarray | None) -> np.ndarray | None:
     return q[:, keep]
 
 
-def newton_direction(problem: Problem, X, g, shift: float = 0.0, T=None, forcing: float = 1e-12):
+def _restricted(Hm: np.ndarray, T: np.ndarray | None, curvature: float) -> np.ndarray:
+    """``P Hm P + curvature T T^T`` with ``P = I - T T^T`` (T orthonormal), in O((dn)^2 k)."""
+    if T is None or T.shape[1] == 0:
+        return Hm
+    HT = Hm @ T
+    THT = T.T @ HT
+    return Hm - HT @ T.T - T @ HT.T + T @ (THT + curvature * np.eye(T.shape[1])) @ T.T
+
+
+def restricted_hessian(problem: Problem, X, T=None) -> np.ndarray:
+    """Dense Hessian with the orbit directions (span T) given curvature 1 (dn <= DENSE_MAX)."""
+    return _restricted(np.array(problem.hessian(X), np.float64), T, 1.0)
+
+
+def newton_direction(problem: Problem, X, g, shift: float = 0.0, T=None, forcing: float = 1e-12,
+                     hessian: np.ndarray | None = None):
     """Solve ``(hess L(X) + shift I) s = -g`` (restricted to the complement of span T).
 
     Dense Cholesky (finiteness checked) for dn <= DENSE_MAX, else conjugate
     gradients on the generated HVP with relative tolerance ``forcing``.
+    ``hessian``: the dense :func:`restricted_hessian` at (X, T) when the caller has it.
     Returns (s, newton_decrement).
     """
     d, n = problem.d, problem.n
     gv = _project_out(np.asarray(g, np.float64).reshape(-1), T)
     if d * n <= DENSE_MAX:
-        Hm = np.asarray(problem.hessian(X), np.float64)
-        if T is not None:
-            P = np.eye(d * n) - T @ T.T
-            Hm = P @ Hm @ P + T @ T.T  # the orbit directions get curvature 1 and zero gradient
-        Hm = Hm + shift * np.eye(d * n)
+        Hm = (restricted_hessian(problem, X, T) if hessian is None else hessian).copy()
+        Hm[np.diag_indices_from(Hm)] += shift
         try:
-            c = np.linalg.cholesky(Hm)
-        except np.linalg.LinAlgError as exc:
+            factor = scipy.linalg.cho_factor(Hm, check_finite=True)
+        except (np.linalg.LinAlgError, ValueError) as exc:
             raise LinearSolveError(f"Newton system not positive definite at dn = {d * n} (shift {shift:.2e})") from exc
-        s = -np.linalg.solve(c.T, np.linalg.solve(c, gv))
+        s = -scipy.linalg.cho_solve(factor, gv, check_finite=False)
     else:
         # the orbit directions get curvature 1 and zero gradient, as in the dense branch
         op = spla.LinearOperator((d * n, d * n), matvec=hessian_operator(problem, X, T, shift, orbit_curvature=1.0),
@@ -125,10 +139,12 @@ def extreme_eigenvalues(problem: Problem, X, T=None, stop_below: float | None = 
     if d * n <= DENSE_MAX:
         Hm = np.asarray(problem.hessian(X), np.float64)
         Hm = (Hm + Hm.T) / 2
-        if T is not None:
-            Q = np.linalg.svd(np.eye(d * n) - T @ T.T)[0][:, : d * n - T.shape[1]]
-            Hm = Q.T @ Hm @ Q
-        ev = np.linalg.eigvalsh(Hm)
+        k = 0 if T is None else T.shape[1]
+        if k:
+            # orbit directions get curvature c > ||H||_2 >= every restricted eigenvalue: the k largest
+            # eigenvalues are exactly c, the others those of H on the complement of span T
+            Hm = _restricted(Hm, T, 2.0 * np.linalg.norm(Hm, "fro") + 1.0)
+        ev = scipy.linalg.eigh(Hm, eigvals_only=True, check_finite=True)[: d * n - k]
         # eigvalsh is backward stable: |error| <= c dn eps ||H||_2; generous c = 10
         margin = 10 * d * n * eps * float(np.max(np.abs(ev)))
         return float(ev[0]), float(ev[-1]), margin
@@ -216,27 +232,40 @@ def levenberg_marquardt(problem: Problem, X, history: History, max_iter: int, gt
     """Uncertified globalisation: Newton with an adaptive shift, accepted only when L decreases."""
     X = np.asarray(X, np.float64)
     f = float(problem.loss(X))
-    shift = 1e-3 * max(1.0, abs(f))
+    # shift = mu * min(1, ||grad||): adaptive far away, and proportional to the gradient near a
+    # non-degenerate minimiser, which keeps the local convergence quadratic
+    mu = 1e-3 * max(1.0, abs(f))
+    Xh = Hm = None  # the dense Hessian is reused while rejected steps only change the shift
+    rejected, g_start = 0, None
     for _ in range(max_iter):
         g = np.asarray(problem.grad(X), np.float64)
         gn = float(np.linalg.norm(g))
         if gn <= gtol:
             break
+        g_start = gn if g_start is None else g_start
         T = T_fn(X) if T_fn else None
+        shift = max(mu * min(1.0, gn), 1e-300)
+        if problem.d * problem.n <= DENSE_MAX and Xh is not X:
+            Xh, Hm = X, restricted_hessian(problem, X, T)
         try:
-            s, dec = newton_direction(problem, X, g, shift=shift, T=T)
+            s, dec = newton_direction(problem, X, g, shift=shift, T=T, hessian=Hm if Xh is X else None)
         except LinearSolveError:
-            shift *= 10
+            mu *= 10
+            if mu > 1e12:
+                break
             continue
         Xn = X + s
         fn = float(problem.loss(Xn))
         if np.isfinite(fn) and fn < f:
             history.add(regime="uncertified-lm", loss=fn, grad_norm=gn, newton_decrement=dec, step_size=1.0)
             X, f = Xn, fn
-            shift = max(shift / 3, 1e-14)
+            mu = max(mu / 3, 1e-14)
+            rejected = 0
         else:
-            shift *= 4
-            if shift > 1e12:
+            mu *= 4
+            rejected += 1
+            # four rejections in a row with the gradient at 1000 eps of its scale: the rounding floor
+            if mu > 1e12 or (rejected >= 4 and gn <= 1e3 * np.finfo(np.float64).eps * max(1.0, g_start)):
                 break
     return X
 

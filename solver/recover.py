@@ -169,7 +169,8 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         reason = (f"lambda_min <= {lam0:.3e} at the iterate (off the {sym.dimension}-dimensional orbit), "
                   f"gradient norm {gn:.3e}, Hessian-Lipschitz bound M >= {M0:.3e}: lambda_min^2 < 16 M ||grad|| or "
                   f"lambda_min <= 0; it would take ||grad|| <= lambda_min^2 / (16 M) = {max(lam0, 0.0)**2 / (16 * M0):.1e}, "
-                  f"or an M {16 * M0 * gn / max(lam0, 1e-300)**2:.1e} times smaller")
+                  + (f"or an M {16 * M0 * gn / lam0**2:.1e} times smaller" if lam0 > 1e-150 else
+                     "and no M can help while lambda_min <= 0"))
         if validation is not None and validation["status"] != "OK":
             reason = f"the checker's validation of the M lemma failed on the region: {validation}"
         if certify:

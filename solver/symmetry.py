@@ -36,6 +36,8 @@ def _null_space(M: np.ndarray, rtol: float) -> np.ndarray:
     """Orthonormal basis (columns) of the null space of M, rank decided at ``rtol * s_max``."""
     if M.size == 0:
         return np.eye(M.shape[1])
+    if M.shape[0] > M.shape[1]:  # same singular values and right vectors, at the cost of a square SVD
+        M = np.linalg.qr(M, mode="r")
     _, s, vh = np.linalg.svd(M)
     smax = s[0] if s.size else 0.0
     rank = int(np.sum(s > rtol * max(smax, np.finfo(float).tiny)))
@@ -96,10 +98,6 @@ def symmetries(problem: Problem, rtol: float = 1e-10) -> Symmetry:
     if d > LIE_DENSE_MAX_D:  # the dense system below has H d^4 entries
         return _symmetries_large(problem, W, rtol)
     rows = []
-    eye = np.eye(d)
-    for Wh in W:
-        # vec_r(A^T W + W A) = (W^T (x) I) P vec_r(A) + (W (x) I) vec_r(A), P the transpose permutation
-        rows.append(np.kron(eye, Wh.T)[:, _transpose_perm(d)] + np.kron(Wh, eye))
     eye = np.eye(d)
     for Wh in W:
         # vec_r(A^T W + W A) = (W^T (x) I) P vec_r(A) + (W (x) I) vec_r(A), P the transpose permutation
