@@ -41,6 +41,55 @@ def test_gradient_policy_recovers_exactly(model, layer):
         assert 0 < r.vocab_fraction < 1
 
 
+def test_readout_starts_near_the_true_token(model):
+    """Layer 0 is the embedding itself: the read-out must return the token's own row first."""
+    ro = sipit_mod.fit_readout(model, 0, n_prompts=32, n_single=1024)
+    E = np.asarray(model.weights.embed)
+    ids = _random_prompt(11, 8, model)
+    for pos, v in enumerate(ids):
+        e = ro.predict(E[v], pos)
+        assert int(np.argmin(np.sum((E - e) ** 2, axis=1))) == v
+
+
+def test_readout_first_batch_resolves_layer_1(model):
+    """At layer 1 the read-out's first batch holds the true token at most positions."""
+    ids = _random_prompt(21, 6, model)
+    H = np.asarray(model.layer_states(ids, 1))
+    r = sipit_mod.sipit(model, H, 1, original=ids)
+    assert r.exact
+    first = sipit_mod.GradientPolicy().first
+    assert sum(c == first for c in r.candidates_per_position) >= 4, r.candidates_per_position
+
+
+def test_gradient_policy_without_readout_recovers_exactly(model):
+    ids = model.encode("Alice paid 12")
+    H = np.asarray(model.layer_states(ids, 1))
+    r = sipit_mod.sipit(model, H, 1, original=ids, policy=sipit_mod.GradientPolicy(first=0, seed=2))
+    assert r.exact
+
+
+def test_states_perturbed_beyond_eps_fail_never_exact(model):
+    """Noise of 30 eps on every state: no token passes, failure at position 0, nothing labelled exact."""
+    ids = model.encode("Hi there")
+    H = np.asarray(model.layer_states(ids, 1))
+    z = np.random.default_rng(4).standard_normal(H.shape)
+    eps = sipit_mod.DEFAULT_REL_EPS * np.linalg.norm(H, axis=1, keepdims=True)
+    noisy = (H + 30 * eps * z / np.linalg.norm(z, axis=1, keepdims=True)).astype(np.float32)
+    r = sipit_mod.sipit(model, noisy, 1, original=ids, max_candidates=512)
+    assert r.failed_position == 0 and not r.complete and r.recovered == []
+    assert r.exact is False and r.exact_up_to_duplicates is False
+    assert r.candidates_per_position == [512]
+
+
+def test_states_from_another_model_fail_fast(model):
+    """Another model (attention output scaled by 1.02), gradient policy with its read-out: failure."""
+    ids = model.encode("Hi there")
+    twin = smollm.SmolLM(model.config, model.weights._replace(wo=model.weights.wo * 1.02), model.tokenizer, max_len=64)
+    other = np.asarray(twin.layer_states(ids, 1))
+    r = sipit_mod.sipit(model, other, 1, original=ids, max_candidates=256)
+    assert r.failed_position == 0 and r.exact is False and r.recovered == []
+
+
 def test_bruteforce_policy_recovers_exactly_and_costs_more(model):
     ids = model.encode("The weather is")
     H = np.asarray(model.layer_states(ids, 1))

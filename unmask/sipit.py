@@ -159,6 +159,25 @@ class _Context:
         self.verify = jax.jit(verify)
         self.sgd = jax.jit(sgd)
         self.nearest = jax.jit(nearest_order)
+        self._readout: StateReadout | None = None
+
+    def readout(self) -> "StateReadout":
+        """The layer's `StateReadout`, fitted on first use (see `fit_readout`)."""
+        if self._readout is None:
+            self._readout = fit_readout(self.model, self.layer)
+        return self._readout
+
+    def warmup(self, max_len: int, max_batch: int = 1024, chains: int = 8) -> None:
+        """Compile every verifier batch shape (powers of two) and the SGD step once."""
+        ck, cv = self.model.empty_cache(self.layer, max_len)
+        z = jnp.zeros((self.model.config.d_model,), jnp.float32)
+        n = 8
+        while n <= max_batch:
+            self.verify(self.w, ck, cv, jnp.int32(0), jnp.zeros((n,), jnp.int32), z)[0].block_until_ready()
+            n *= 2
+        e = jnp.zeros((chains, self.model.config.d_model), jnp.float32)
+        self.sgd(self.w, ck, cv, jnp.int32(0), z, z + 1, e, jnp.int32(0), jnp.int32(1), jnp.float32(1.0),
+                 jnp.float32(40.0))[0].block_until_ready()
 
     def candidate_states(self, ck, cv, pos, ids):
         h, _, _ = self.model._extend_jit(self.w, ck, cv, jnp.int32(pos), self.w.embed[ids], self.model.cos, self.model.sin)
@@ -185,15 +204,79 @@ class BruteForcePolicy:
             yield order[s : s + self.batch]
 
 
+@dataclass(frozen=True)
+class StateReadout:
+    """A linear read-out from an observed state to an input embedding: where the search starts.
+
+    Two ridge regressions (standardised states -> embedding rows), one for position 0 (no
+    context: the state is a function of the token alone, with the massive activations of the
+    first position) and one for positions >= 1. Fitted by `fit_readout` on the states this model
+    produces for prompts of *uniformly random* tokens, so it has no prior over natural text and
+    has seen no benchmark prompt. It only orders the search: every proposal still goes through
+    the verifier.
+    """
+
+    layer: int
+    mean: np.ndarray  # (2, d): position 0, positions >= 1
+    scale: np.ndarray  # (2, d)
+    coef: np.ndarray  # (2, d, d)
+    offset: np.ndarray  # (2, d)
+    seconds: float = 0.0
+
+    def predict(self, state: np.ndarray, pos: int) -> np.ndarray:
+        """Predicted input embedding (d,) float32 for one observed state at position ``pos``."""
+        i = 0 if pos == 0 else 1
+        z = (np.asarray(state, dtype=np.float64) - self.mean[i]) / self.scale[i]
+        return (z @ self.coef[i] + self.offset[i]).astype(np.float32)
+
+
+def _ridge(X: np.ndarray, Y: np.ndarray, lam: float):
+    X = X.astype(np.float64)
+    Y = Y.astype(np.float64)
+    mu, sd = X.mean(0), X.std(0) + 1e-6
+    Z = (X - mu) / sd
+    coef = np.linalg.solve(Z.T @ Z + lam * len(Z) * np.eye(Z.shape[1]), Z.T @ (Y - Y.mean(0)))
+    return mu, sd, coef, Y.mean(0)
+
+
+def fit_readout(model: SmolLM, layer: int, *, n_prompts: int = 240, length: int = 20, n_single: int = 2048,
+                lam: float = 1e-4, seed: int = 12345) -> StateReadout:
+    """Fit the `StateReadout` of ``model`` at ``layer`` from its own states of random prompts.
+
+    ``n_prompts`` prompts of ``length`` uniformly random tokens (one per distinct embedding row)
+    give the pairs at positions >= 1; ``n_single`` distinct random one-token prompts give
+    position 0. Cost: ``n_prompts * length + n_single`` token forward passes through ``layer``
+    blocks (about a tenth of one brute-force position at 240 x 20 + 2048), once per layer.
+    """
+    layer = model.check_layer(layer)
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    reps = model.embedding_classes()[0]
+    E = np.asarray(model.weights.embed)
+    ids = rng.choice(reps, (n_prompts, length)).astype(np.int32)
+    H = np.concatenate([np.asarray(model.hidden_states(ids[s : s + 16], upto=layer)[layer])
+                        for s in range(0, n_prompts, 16)])
+    single = rng.choice(reps, min(n_single, len(reps)), replace=False).astype(np.int32)
+    H0 = np.concatenate([np.asarray(model.hidden_states(single[s : s + 256, None], upto=layer)[layer][:, 0])
+                         for s in range(0, len(single), 256)])
+    X0 = np.concatenate([H0, H[:, 0]])
+    Y0 = E[np.concatenate([single, ids[:, 0]])]
+    fits = [_ridge(X0, Y0, lam), _ridge(H[:, 1:].reshape(-1, H.shape[-1]), E[ids[:, 1:].reshape(-1)], lam)]
+    mean, scale, coef, offset = (np.stack(a) for a in zip(*fits))
+    return StateReadout(layer, mean, scale, coef, offset, seconds=time.perf_counter() - t0)
+
+
 class GradientPolicy:
     """SGD on continuous embeddings at the current position, proposing nearest unvisited tokens.
 
-    ``chains`` embeddings (rows of ``e``, started at random vocabulary embeddings) take
-    normalised gradient steps on ``sum_i ((F_l(prefix, e)_t - H[t])_i / s_i)^2``, where
-    ``s_i = |H[t]_i| + median|H[t]|`` keeps the few massive activations of the residual stream
-    (up to 2e4 at the first position) from hiding every other coordinate. The chains run as one
-    batch: at batch 1 a pass is bound by reading the weights, so 16 chains cost about one.
-    After every ``steps`` steps each chain proposes its ``per_chain`` nearest unvisited tokens.
+    The search starts from the `StateReadout` prediction ``e0`` of the observed state: its
+    ``first`` nearest tokens are verified before any gradient step (one batch, the cost of about
+    one SGD step at layer 30). Then ``chains`` embeddings (rows of ``e``: ``e0`` and random
+    vocabulary embeddings) take normalised gradient steps on
+    ``sum_i ((F_l(prefix, e)_t - H[t])_i / s_i)^2``, where ``s_i = |H[t]_i| + median|H[t]|``
+    keeps the few massive activations of the residual stream (up to 2e4 at the first position)
+    from hiding every other coordinate. The chains run as one batch. After every ``steps``
+    steps each chain proposes its ``per_chain`` nearest unvisited tokens.
 
     **Arguments**
     - ``chains``: parallel continuous embeddings.
@@ -203,21 +286,23 @@ class GradientPolicy:
       that the chains restart from fresh random tokens.
     - ``per_chain``: proposals per chain in the first rounds; doubled every second round
       after that, up to ``max_batch`` candidates per round.
+    - ``first``: tokens nearest to the read-out verified before the first step (0: no read-out;
+      the chains then start from the mean embedding and random tokens, the earlier policy).
     """
 
     name = "gradient"
 
-    def __init__(self, chains: int = 16, steps: int = 10, lr: float = 2.0, horizon: int = 40,
-                 per_chain: int = 4, max_batch: int = 1024, scaled_loss: bool = True, mean_start: bool = True,
+    def __init__(self, chains: int = 8, steps: int = 5, lr: float = 1.0, horizon: int = 40,
+                 per_chain: int = 16, max_batch: int = 1024, first: int = 64, scaled_loss: bool = True,
                  seed: int = 0):
         self.scaled_loss = scaled_loss
-        self.mean_start = mean_start
         self.chains = chains
         self.max_batch = max_batch
         self.steps = steps
         self.lr = lr
         self.horizon = horizon
         self.per_chain = per_chain
+        self.first = first
         self.rng = np.random.default_rng(seed)
 
     def proposals(self, ctx: _Context, ck, cv, pos: int, target, visited: np.ndarray):
@@ -225,12 +310,17 @@ class GradientPolicy:
         V = E.shape[0]
         absd = jnp.abs(target)
         scale = absd + jnp.median(absd) if self.scaled_loss else jnp.linalg.norm(target) + jnp.zeros_like(target)
+        start = None
+        if self.first > 0:
+            start = jnp.asarray(ctx.readout().predict(np.asarray(target), pos))
+            score = np.array(ctx.nearest(E, ctx.embed_sq, start[None]), dtype=np.float32)[0]
+            yield np.argpartition(score, self.first - 1)[: self.first].astype(np.int32)
         i = 0
         while not visited.all():
             if i % self.horizon == 0:
                 e = E[jnp.asarray(self.rng.integers(0, V, self.chains), dtype=jnp.int32)]
-                if self.mean_start and i == 0:
-                    e = e.at[0].set(jnp.mean(E, axis=0))
+                if i == 0:
+                    e = e.at[0].set(jnp.mean(E, axis=0) if start is None else start)
             e, _ = ctx.sgd(ctx.w, ck, cv, jnp.int32(pos), target, scale, e, jnp.int32(i % self.horizon),
                            jnp.int32(self.steps), jnp.float32(self.lr), jnp.float32(self.horizon))
             i += self.steps
