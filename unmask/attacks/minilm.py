@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solver.errors import InvalidProblemError
+from solver.problem import Problem
 from unmask.models import minilm as _minilm
 
 
@@ -420,32 +421,246 @@ def scanner_for(model: _minilm.MiniLM) -> Layer0Scanner:
     return _SCANNERS[key]
 
 
-# ---- deeper layers: the continuous problem ---------------------------------------------------------
+# ---- deeper layers: X from the attention maps, through solver.recover ----------------------------
+#: solver.recover computes the instance's symmetry group from a dense (H d^2, d^2) system
+#: (solver.symmetry); above this many bytes the solver is not run and the result is uncertified.
+SOLVER_MEMORY_LIMIT = 2**28
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionLayer:
+    """The query/key parameters of one BERT self-attention layer and the LayerNorm producing its input.
+
+    **Fields** (float64): `Aq`, `Ak` (H, d_head, d), `bq` (H, d_head), `gamma`, `beta` (d,).
+
+    The layer input X (d x n, columns are tokens) is the hidden state entering the Q/K
+    projections: the output of the embedding LayerNorm (layer 0) or of the previous layer's
+    output LayerNorm, so every column is ``gamma * z + beta`` with ``1^T z = 0``. With
+    ``q_i = A_q x_i + b_q`` and ``k_j = A_k x_j + b_k`` the logits are
+    ``S_h = X^T W_h X + 1 u_h^T X`` plus terms that depend on the query i only (every term
+    with the key bias b_k), which cancel in the row softmax:
+    ``W_h = A_q,h^T A_k,h / sqrt(d_head)`` (rank d_head) and ``u_h = A_k,h^T b_q,h / sqrt(d_head)``:
+    the *query* bias produces u.
+    """
+
+    Aq: np.ndarray
+    bq: np.ndarray
+    Ak: np.ndarray
+    gamma: np.ndarray
+    beta: np.ndarray
+
+    @classmethod
+    def of_model(cls, model: _minilm.MiniLM, layer: int) -> "AttentionLayer":
+        Aq, bq, Ak = model.query_key(layer)
+        key = "embeddings.LayerNorm" if layer == 0 else f"encoder.layer.{layer - 1}.output.LayerNorm"
+        w = model.weights
+        return cls(Aq, bq, Ak, w[key + ".weight"].astype(np.float64), w[key + ".bias"].astype(np.float64))
+
+    @classmethod
+    def random(cls, d: int, heads: int, seed: int = 0, logit_scale: float = 1.0) -> "AttentionLayer":
+        """A miniature with the model's structure (H heads of d / H, q bias, LayerNorm input), Gaussian weights.
+
+        Logits are O(logit_scale) on LayerNorm inputs.
+        """
+        if d % heads:
+            raise InvalidProblemError(f"d = {d} must be a multiple of heads = {heads}")
+        rng = np.random.default_rng(seed)
+        dh = d // heads
+        Aq, Ak = rng.normal(scale=math.sqrt(logit_scale / d), size=(2, heads, dh, d))
+        return cls(Aq, rng.normal(scale=0.5, size=(heads, dh)), Ak, 1 + 0.2 * rng.standard_normal(d), 0.1 * rng.standard_normal(d))
+
+    @property
+    def heads(self) -> int:
+        return self.Aq.shape[0]
+
+    @property
+    def d_head(self) -> int:
+        return self.Aq.shape[1]
+
+    @property
+    def d(self) -> int:
+        return self.Aq.shape[2]
+
+    @property
+    def W(self) -> np.ndarray:
+        return np.einsum("hed,hef->hdf", self.Aq, self.Ak) / math.sqrt(self.d_head)
+
+    @property
+    def u(self) -> np.ndarray:
+        return np.einsum("hed,he->hd", self.Ak, self.bq) / math.sqrt(self.d_head)
+
+    def layer_norm(self, E: np.ndarray) -> np.ndarray:
+        """Columns ``gamma * (e - mean e) / std e + beta`` of E (d, n): a valid layer input."""
+        Z = E - E.mean(axis=0, keepdims=True)
+        Z = Z / np.sqrt((Z * Z).mean(axis=0, keepdims=True) + _minilm.LN_EPS)
+        return self.gamma[:, None] * Z + self.beta[:, None]
+
+    def maps(self, X: np.ndarray) -> np.ndarray:
+        """The attention maps (H, n, n) of input X in float64 (through the rank-d_head factors)."""
+        H, dh, d = self.Aq.shape
+        n = X.shape[1]
+        Q = (self.Aq.reshape(H * dh, d) @ X).reshape(H, dh, n) + self.bq[:, :, None]
+        K = (self.Ak.reshape(H * dh, d) @ X).reshape(H, dh, n)
+        S = np.matmul(np.swapaxes(Q, 1, 2), K) / math.sqrt(dh)
+        S = np.exp(S - S.max(axis=-1, keepdims=True))
+        return S / S.sum(axis=-1, keepdims=True)
+
+    def problem(self, B: np.ndarray) -> Problem:
+        """The multi-head attention problem of ``solver``: all heads' W_h, u_h and maps B_h."""
+        return Problem.create(self.W, renormalise(np.asarray(B, np.float64)), u=self.u)
+
+    def solver_memory(self) -> int:
+        """Bytes solver.recover needs for the symmetry system of this layer (H d^4 float64)."""
+        return 8 * self.heads * self.d**4
+
+    def identifiability(self, n: int) -> "Identifiability":
+        return Identifiability(n=n, unknowns=self.d * n, equations=self.heads * n * (n - 1),
+                               count_min_n=-(-self.d // self.heads) + 1, closed_form_min_n=2 * self.d_head + 1)
+
+
+@dataclass(frozen=True)
+class Identifiability:
+    """What the maps of n positions can determine about X (d x n).
+
+    - `unknowns`: d n; `equations`: H n (n - 1), the independent entries of the row-centred
+      log maps. ``count_min_n`` is the smallest n with ``H (n - 1) >= d``: below it a family of
+      inputs of dimension at least ``d n - H n (n - 1)`` explains the maps exactly.
+    - `closed_form_min_n` = 2 d_head + 1: from there :func:`factor_closed_form` determines X
+      (the linear system for the heads' factor changes has a one-dimensional null space).
+    """
+
+    n: int
+    unknowns: int
+    equations: int
+    count_min_n: int
+    closed_form_min_n: int
+
+    @property
+    def verdict(self) -> str:
+        if self.n < self.count_min_n:
+            return "no: underdetermined"
+        if self.n < self.closed_form_min_n:
+            return "by count only"
+        return "yes: closed form"
+
+
+def factor_closed_form(B: np.ndarray, layer: AttentionLayer) -> list[np.ndarray]:
+    """Candidates for X (d, n) from the maps of all heads in closed form, best first; [] where it does not apply.
+
+    The centred log map of head h, ``G_h = P log B_h P = (A_q,h Y)^T (A_k,h Y) / sqrt(d_head)``
+    (``Y = X P``), has rank d_head; with its SVD ``G_h = L_h R_h^T`` (L_h orthonormal),
+    ``Y^T A_q,h^T = L_h T_h`` and ``Y^T A_k,h^T / sqrt(d_head) = R_h S_h`` with ``S_h = T_h^{-T}``
+    unknown. Stacking the heads, ``Y^T = sqrt(d_head) [R_h S_h]_h W_k^{-T}`` and
+    ``Y^T W_q^T = [L_h T_h]_h``, so for every head ``(I - L_h L_h^T) sum_g R_g S_g N_gh = 0``
+    with ``N = W_k^{-T} W_q^T`` (blocks N_gh): a homogeneous linear system in the
+    H d_head^2 entries of the S_g. For n >= 2 d_head + 1 its null space is the true S up to
+    scale; ``T_h^T S_h = I`` fixes the scale up to sign, and the mean column follows from
+    ``m^T W_h Y = (1/n) 1^T log B_h P - u_h^T Y`` (solver.algebraic, step 5). u picks the sign,
+    but only weakly when n is small (the other sign can fit the maps to 1e-13 in float64):
+    both candidates are returned when the worse one's log-domain residual is within a factor
+    100 of the better one's, for the solver to decide.
+    This needs neither n > d nor full-rank heads (solver.algebraic needs both), nor full-rank Y
+    (a LayerNorm output has rank d - 1).
+    """
+    B = np.asarray(B, np.float64)
+    H, dh, d = layer.Aq.shape
+    n = B.shape[-1]
+    if n < 2 * dh + 1 or np.any(B <= 0):
+        return []
+    logB = np.log(B)
+    G = logB - logB.mean(axis=-1, keepdims=True)
+    G = G - G.mean(axis=-2, keepdims=True)
+    U, s, Vt = np.linalg.svd(G)
+    Ls = U[:, :, :dh]
+    Rs = np.swapaxes(Vt[:, :dh], 1, 2) * s[:, None, :dh]
+    Wq, Wk = layer.Aq.reshape(H * dh, d), layer.Ak.reshape(H * dh, d)
+    N = np.linalg.solve(Wk.T, Wq.T).reshape(H, dh, H, dh).transpose(0, 2, 1, 3)  # N[g, h]
+    LR = np.einsum("hma,gmb->hgab", Ls, Rs)
+    F = Rs[None] - np.matmul(Ls[:, None], LR)  # F[h, g] = (I - L_h L_h^T) R_g
+    # normal matrix of the system, row-major vec(S_g): sum_h (F_hg^T F_hk) kron (N_gh N_kh^T)
+    FF = np.einsum("hgni,hkna->gkiah", F, F).reshape(H * H, dh * dh, H)
+    NN = np.einsum("ghjl,khbl->gkhjb", N, N).reshape(H * H, H, dh * dh)
+    size = H * dh * dh
+    gram = np.matmul(FF, NN).reshape(H, H, dh, dh, dh, dh).transpose(0, 2, 4, 1, 3, 5).reshape(size, size)
+    del FF, NN
+    gram = (gram + gram.T) / 2
+    S = _smallest_eigenvector(gram).reshape(H, dh, dh)
+    del gram
+    RS = np.einsum("hna,hab->hnb", Rs, S)
+    T = math.sqrt(dh) * np.einsum("hna,hnb->hab", Ls, np.einsum("gna,ghab->hnb", RS, N, optimize=True))
+    c2 = float(np.einsum("hab,hac->", T, S)) / d  # T_h^T S_h = c^2 I for the scaled null vector
+    if not c2 > 0:
+        return []
+    Y = np.linalg.solve(Wk, math.sqrt(dh / c2) * RS.transpose(0, 2, 1).reshape(d, n))
+    W, u = layer.W, layer.u
+    r = logB.mean(axis=1)
+    r = r - r.mean(axis=-1, keepdims=True)
+    found = []
+    for Ys in (Y, -Y):
+        A = np.concatenate([(W[h] @ Ys).T for h in range(H)])
+        m = np.linalg.lstsq(A, np.concatenate([r[h] - u[h] @ Ys for h in range(H)]), rcond=None)[0]
+        X = Ys + m[:, None]
+        if np.all(np.isfinite(X)):
+            found.append((_log_residual(X, layer, logB, np.ones_like(B)), X))
+    found.sort(key=lambda c: c[0])
+    return [X for f, X in found if f <= 100 * found[0][0] + 1e-300]
+
+
+def _smallest_eigenvector(A: np.ndarray) -> np.ndarray:
+    """Unit eigenvector of the smallest eigenvalue of a symmetric PSD matrix (one null vector)."""
+    import scipy.linalg
+
+    if A.shape[0] <= 2048:
+        return scipy.linalg.eigh(A, subset_by_index=[0, 0])[1][:, 0]
+    # inverse iteration on A + delta I: converges at rate delta / lambda_2 per step
+    delta = 1e-12 * float(np.trace(A)) / A.shape[0]
+    A[np.diag_indices_from(A)] += delta
+    c = scipy.linalg.cho_factor(A, overwrite_a=True, check_finite=False)
+    v = np.random.default_rng(0).standard_normal(A.shape[0])
+    for _ in range(4):
+        v = scipy.linalg.cho_solve(c, v, check_finite=False)
+        v /= np.linalg.norm(v)
+    return v
+
+
+def _log_residual(X, layer: AttentionLayer, logB, Wt) -> float:
+    """Relative weighted row-centred log-domain residual of X against the maps."""
+    data, _ = log_domain_loss(X, layer.Aq, layer.bq, layer.Ak, logB, Wt, X, 0.0)
+    Lc = logB - (Wt * logB).sum(-1, keepdims=True) / np.maximum(Wt.sum(-1, keepdims=True), 1.0)
+    return math.sqrt(2.0 * data) / max(float(np.sqrt((Wt * Lc * Lc).sum())), 1e-300)
+
+
 @dataclass
 class DeepLayerResult:
-    """A continuous recovery of one layer's input X from its maps.
+    """A recovery of one layer's input X from its maps.
 
     **Fields**
     - `X`: the recovered input (d x n).
-    - `residual`: relative weighted log-domain residual
-      ``||(S(X) - log B) P||_w / ||log B P||_w`` (rows centred): how well X explains the maps.
-    - `unknowns`, `equations`: d n against the number of independent entries of the
-      row-centred ``log B`` of all heads, H n (n - 1): when unknowns exceed equations a whole
-      family of inputs explains the maps exactly (underdetermined).
-    - `status`: "consistent" when the residual is below `tolerance`, else "inconsistent";
-      "underdetermined" is appended when unknowns exceed equations.
-    - `method`: what produced X.
+    - `status`: ``"certified"`` (solver.recover's certificate holds) or ``"uncertified"``.
+    - `reason`: why it is uncertified (empty when certified).
+    - `init`: how the start was obtained: ``"factor closed form"``, ``"random restarts"``
+      (solver.recover's own) or ``"prior"`` (the LayerNorm bias, repeated).
+    - `method`: what produced X (``solver.recover`` or the log-domain L-BFGS fallback).
+    - `identifiability`: :class:`Identifiability` of the instance (its `verdict`).
+    - `certificate`: solver.recover's :class:`~solver.certificate.Certificate`, or None.
+    - `symmetry_dimension`: from solver.recover, None when it did not run.
+    - `residual`: relative row-centred log-domain residual ``||(S(X) - log B) P|| / ||log B P||``.
+    - `unknowns`, `equations`: as in `identifiability`.
     - `seconds`: wall time.
     """
 
     X: np.ndarray
+    status: str
+    reason: str
+    init: str
+    method: str
+    identifiability: Identifiability
+    certificate: object
+    symmetry_dimension: int | None
     residual: float
     unknowns: int
     equations: int
-    status: str
-    method: str
     seconds: float
-    iterations: int
 
 
 def log_domain_loss(X, Aq, bq, Ak, L, Wt, X0, lam):
@@ -475,68 +690,86 @@ def log_domain_loss(X, Aq, bq, Ak, L, Wt, X0, lam):
     return f + 0.5 * lam * float((D * D).sum()), grad + lam * D
 
 
-def recover_deep_layer(
-    B,
-    model: _minilm.MiniLM | None = None,
-    layer: int = 1,
-    *,
-    X0: np.ndarray | None = None,
-    lam: float = 1e-4,
-    maxiter: int = 500,
-    tolerance: float = 1e-3,
-) -> DeepLayerResult:
-    """Recover layer ``layer``'s input X (d x n) from its maps B (12, n, n) by continuous least squares.
 
-    The stand-in for the project's certified solver (``solver.recover``) until that exists:
-    L-BFGS on the row-centred log-domain identity, :func:`log_domain_loss`, from the prior
-    ``X0`` (default: the bias of the LayerNorm that produces this layer's input, repeated:
-    the mean of a LayerNorm output whose normalised part averages out), with a small ridge
-    ``lam`` towards it. Entries of B that are 0 get weight 0.
+def recover_layer_input(B, layer: AttentionLayer, *, gtol: float = 1e-10, seed: int = 0, maxiter: int = 300,
+                        validate: bool = True) -> DeepLayerResult:
+    """Recover the input X (d x n) of ``layer`` from its attention maps B (H, n, n).
+
+    1. **initialise**: :func:`factor_closed_form` when n >= 2 d_head + 1 and B > 0;
+    2. **solve and certify**: ``solver.recover`` on :meth:`AttentionLayer.problem` (the
+       multi-head attention loss with u, every head) from that start, or from its own seeded
+       random restarts without one; its certificate is the status;
+    3. where solver.recover cannot run (:data:`SOLVER_MEMORY_LIMIT`; all-MiniLM-L6-v2 with
+       d = 384 needs 2.1e12 bytes), L-BFGS on the row-centred log-domain identity
+       (:func:`log_domain_loss`) from the closed form, or from the prior (the LayerNorm bias)
+       with a small ridge towards it; always ``uncertified``, with the reason.
+
+    Entries of B that are 0 carry no log-domain information: they disable the closed form
+    and get weight 0 in the fallback.
     """
     import scipy.optimize
 
+    from solver.recover import recover
+
     start = time.perf_counter()
+    B = check_attention(B, n_heads=layer.heads)
+    H, n, _ = B.shape
+    d = layer.d
+    ident = layer.identifiability(n)
+    starts = factor_closed_form(B, layer)
+    init = "factor closed form" if starts else "random restarts"
+    positive = B > 0
+    logB = np.log(np.where(positive, B, 1.0))
+    Wt = positive.astype(np.float64)
+    if layer.solver_memory() <= SOLVER_MEMORY_LIMIT:
+        problem = layer.problem(B)
+        runs = [recover(problem, X_init=X0, certify=False, validate=validate, gtol=gtol, seed=seed)
+                for X0 in (starts or [None])]
+        res = min(runs, key=lambda r: (r.status != "certified", float(problem.loss(r.X))))
+        X, status, cert, symdim = res.X, res.status, res.certificate, res.symmetry_dimension
+        reason = "" if status == "certified" else cert.reason
+        method = "solver.recover (multi-head attention loss with u, certified Newton)"
+    else:
+        reason = (f"solver.recover not run: its symmetry system needs {layer.solver_memory():.1e} bytes at d = {d} "
+                  f"(limit {SOLVER_MEMORY_LIMIT:.1e}); log-domain L-BFGS instead, no certificate")
+        if not starts:
+            init = "prior"
+        fits = []
+        for prior in starts or [np.repeat(layer.beta[:, None], n, axis=1)]:
+            lam = 0.0 if starts else 1e-4  # a ridge towards the prior only where there is no closed form
+
+            def fun(x, prior=prior, lam=lam):
+                f, g = log_domain_loss(x.reshape(d, n), layer.Aq, layer.bq, layer.Ak, logB, Wt, prior, lam)
+                return f, g.ravel()
+
+            opt = scipy.optimize.minimize(fun, prior.ravel(), jac=True, method="L-BFGS-B",
+                                          options={"maxiter": maxiter, "maxcor": 30, "ftol": 1e-15, "gtol": 1e-12})
+            Xc = opt.x.reshape(d, n) if opt.fun <= fun(prior.ravel())[0] else prior
+            fits.append((_log_residual(Xc, layer, logB, Wt), Xc))
+        X = min(fits, key=lambda c: c[0])[1]
+        status, cert, symdim = "uncertified", None, None
+        method = "log-domain L-BFGS (solver.recover infeasible at this d)"
+    return DeepLayerResult(X=X, status=status, reason=reason, init=init, method=method, identifiability=ident,
+                           certificate=cert, symmetry_dimension=symdim, residual=_log_residual(X, layer, logB, Wt),
+                           unknowns=ident.unknowns, equations=ident.equations, seconds=time.perf_counter() - start)
+
+
+def recover_deep_layer(B, model: _minilm.MiniLM | None = None, layer: int = 1, **kwargs) -> DeepLayerResult:
+    """:func:`recover_layer_input` for layer ``layer`` of all-MiniLM-L6-v2 (default: the installed model)."""
     model = model or _minilm.load()
     model.check_layer(layer)
-    B = np.asarray(B, dtype=np.float64)
-    H, n, _ = B.shape
-    Aq, bq, Ak = model.query_key(layer)
-    d = Aq.shape[2]
-    positive = B > 0
-    L = np.log(np.where(positive, B, 1.0))
-    Wt = positive.astype(np.float64)
-    if X0 is None:
-        X0 = np.repeat(prior_mean(model, layer)[:, None], n, axis=1)
-
-    def fun(x):
-        f, g = log_domain_loss(x.reshape(d, n), Aq, bq, Ak, L, Wt, X0, lam)
-        return f, g.ravel()
-
-    opt = scipy.optimize.minimize(
-        fun, X0.ravel(), jac=True, method="L-BFGS-B", options={"maxiter": maxiter, "maxcor": 30, "ftol": 1e-15, "gtol": 1e-10}
-    )
-    X = opt.x.reshape(d, n)
-    Lc = L - (Wt * L).sum(-1, keepdims=True) / np.maximum(Wt.sum(-1, keepdims=True), 1.0)
-    data, _ = log_domain_loss(X, Aq, bq, Ak, L, Wt, X, 0.0)
-    residual = math.sqrt(2.0 * data) / float(np.sqrt((Wt * Lc * Lc).sum()))
-    unknowns, equations = d * n, H * n * (n - 1)
-    status = "consistent" if residual <= tolerance else "inconsistent"
-    if unknowns > equations:
-        status += ", underdetermined"
-    return DeepLayerResult(
-        X=X,
-        residual=residual,
-        unknowns=unknowns,
-        equations=equations,
-        status=status,
-        method="log-domain least squares (L-BFGS; stand-in for solver.recover)",
-        seconds=time.perf_counter() - start,
-        iterations=int(opt.nit),
-    )
+    return recover_layer_input(B, AttentionLayer.of_model(model, layer), **kwargs)
 
 
-def prior_mean(model: _minilm.MiniLM, layer: int) -> np.ndarray:
-    """The bias of the LayerNorm whose output is layer ``layer``'s input (d,), float64."""
-    w = model.weights
-    key = "embeddings.LayerNorm.bias" if layer == 0 else f"encoder.layer.{layer - 1}.output.LayerNorm.bias"
-    return w[key].astype(np.float64)
+def layer_input_error(result: DeepLayerResult, layer: AttentionLayer, B, X_true) -> float:
+    """``||X - X_true|| / ||X_true||``, modulo the instance's symmetry group when solver.recover ran.
+
+    Without the group (solver not run) this is the plain error: an upper bound on the error
+    modulo the group.
+    """
+    X_true = np.asarray(X_true, np.float64)
+    if result.symmetry_dimension is None:
+        return float(np.linalg.norm(result.X - X_true) / np.linalg.norm(X_true))
+    from solver.symmetry import distance_to_orbit
+
+    return distance_to_orbit(layer.problem(B), result.X, X_true)

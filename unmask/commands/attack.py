@@ -91,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
             "recovered": None,
             "certificate": {
                 "status": result.status,
+                "reason": result.reason,
+                "init": result.init,
+                "identifiable": result.identifiability.verdict,
                 "log_domain_residual": result.residual,
                 "unknowns": result.unknowns,
                 "equations": result.equations,
@@ -134,10 +137,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"rel. error {record['relative_error_X']:.3g}  ||X_rec - X|| / ||X||", file=out)
         cert = record["certificate"]
         print(
-            f"certificate {cert['status']} ({cert['method']}; log-domain residual {cert['log_domain_residual']:.2e}; "
-            f"{cert['unknowns']} unknowns, {cert['equations']} equations)",
+            f"certificate {cert['status']} ({cert['method']}, init {cert['init']}; log-domain residual "
+            f"{cert['log_domain_residual']:.2e}; {cert['unknowns']} unknowns, {cert['equations']} equations; "
+            f"identifiable: {cert['identifiable']})",
             file=out,
         )
+        if cert["reason"]:
+            print(f"why        {cert['reason']}", file=out)
     record["setup_seconds"] = setup
     print(f"time       {record['seconds']:.2f} s (plus {setup:.2f} s loading the model and tables)", file=out)
     if args.json:
