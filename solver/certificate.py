@@ -95,7 +95,9 @@ def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, floa
 
 
 def build_certificate(problem: Problem, X, consts_run: LocalConstants | None, sym, validation, iterations: int,
-                      status: str | None = None, reason: str = "") -> Certificate:
+                      status: str | None = None, reason: str = "", final: tuple | None = None) -> Certificate:
+    """The certificate at X. ``final``: the :func:`final_constants` tuple already evaluated at this
+    very X (the certified phase took no step), so the O((dn)^3) eigenvalues are not paid twice."""
     from proofs_check.region import Region
 
     from .newton import _orthonormal
@@ -109,7 +111,7 @@ def build_certificate(problem: Problem, X, consts_run: LocalConstants | None, sy
                            grad_norm=float(np.linalg.norm(g)), error_bound=None, radius=None, constants=None,
                            region=None, validation=validation, iterations=iterations, iteration_bound=None,
                            uniqueness="none claimed", reason=reason)
-    consts, gn, lam0 = final_constants(problem, X, T)
+    consts, gn, lam0 = final if final is not None else final_constants(problem, X, T)
     if consts is None:
         return build_certificate(problem, X, None, sym, validation, iterations, status="uncertified",
                                  reason=f"the final local certificate failed: lambda_min = {lam0:.3e}, ||grad|| = {gn:.3e}")

@@ -144,6 +144,13 @@ def extreme_eigenvalues(problem: Problem, X, T=None, stop_below: float | None = 
             # orbit directions get curvature c > ||H||_2 >= every restricted eigenvalue: the k largest
             # eigenvalues are exactly c, the others those of H on the complement of span T
             Hm = _restricted(Hm, T, 2.0 * np.linalg.norm(Hm, "fro") + 1.0)
+        if stop_below is not None:
+            # a few dense products settle lambda_min < stop_below (a Ritz value bounds it from above)
+            # before the O((dn)^3) eigh is paid for
+            theta, _, _ = lanczos_smallest(lambda v: Hm @ v, np.random.default_rng(0).normal(size=d * n),
+                                           max_steps=60, stop_below=stop_below)
+            if theta < stop_below:
+                return theta, theta, 0.0
         ev = scipy.linalg.eigh(Hm, eigvals_only=True, check_finite=True)[: d * n - k]
         # eigvalsh is backward stable: |error| <= c dn eps ||H||_2; generous c = 10
         margin = 10 * d * n * eps * float(np.max(np.abs(ev)))
@@ -264,8 +271,8 @@ def levenberg_marquardt(problem: Problem, X, history: History, max_iter: int, gt
         else:
             mu *= 4
             rejected += 1
-            # four rejections in a row with the gradient at 1000 eps of its scale: the rounding floor
-            if mu > 1e12 or (rejected >= 4 and gn <= 1e3 * np.finfo(np.float64).eps * max(1.0, g_start)):
+            # two rejections in a row with the gradient at 1000 eps of its scale: the rounding floor
+            if mu > 1e12 or (rejected >= 2 and gn <= 1e3 * np.finfo(np.float64).eps * max(1.0, g_start)):
                 break
     return X
 

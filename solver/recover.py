@@ -182,7 +182,8 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                       symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
 
     X, iters = certified_newton(problem, X, consts, history, gtol, T=T)
-    cert = build_certificate(problem, X, consts, sym, validation, iterations=iters)
+    cert = build_certificate(problem, X, consts, sym, validation, iterations=iters,
+                             final=(consts, gn, lam0) if iters == 0 else None)
     return Result(X=X, status=cert.status, certificate=cert, history=history.as_list(), init=init,
                   symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
 
