@@ -1,16 +1,23 @@
 """Recovering the input of all-MiniLM-L6-v2 from one layer's attention maps.
 
-    python benchmarks/minilm_attack.py                     # everything (about 25 min on 2 busy cores)
     python benchmarks/minilm_attack.py --part layer0       # natural + random sentences, layer 0
-    python benchmarks/minilm_attack.py --part deep         # layers 1-5, continuous recovery of X
+    python benchmarks/minilm_attack.py --part deep --deep-n 12,48,100,400 --deep-layers 1,3,5
+    python benchmarks/minilm_attack.py --part mini         # the deep-layer pipeline end to end on a miniature
 
 Layer 0: exact token rate, exact sentence rate and seconds per sentence on the project's
 sentence set (unmask.attacks.sentences, 8-31 tokens) and on random-token sequences
 (uniform over the 29523 non-special word pieces, lengths 8-32), from the float32 maps a
-deployed model produces. Layers 1-5: relative error of the recovered X against the true
-layer input, next to the prior alone, with the log-domain residual and the count of unknowns
-(d n) against equations (12 n (n - 1)). Prints tables and writes
-benchmarks/results/minilm_attack.json (merged with what is already there).
+deployed model produces.
+
+Layers 1-5 (``--part deep``, one input per length n, 2-10 minutes per case on 2 busy cores):
+``unmask.attacks.minilm.recover_deep_layer`` on the float32 maps; per case the
+identifiability verdict (count: n >= 33; closed form: n >= 2 d_head + 1 = 65), the
+initialisation, the status (always uncertified at d = 384: solver.recover's symmetry
+system does not fit), the relative error of X against the true layer input, next to the
+prior alone (the LayerNorm bias), and the log-domain residual. ``--part mini``: the same
+pipeline through solver.recover (certificates) on a miniature layer, d = 8, 4 heads of 2.
+Prints tables and writes benchmarks/results/minilm_attack.json (merged with what is there;
+a rerun cell replaces its row).
 """
 
 from __future__ import annotations
@@ -75,47 +82,73 @@ def layer0(model, sequences: list[np.ndarray], label: str) -> dict:
     }
 
 
-def deep(model, texts: list[str], layers: list[int], maxiter: int) -> dict:
-    return deep_ids(model, [model.encode(t) for t in texts], layers, maxiter)
+def deep_sequences(model, sizes: list[int], seed: int) -> list[np.ndarray]:
+    """One input per size n: a natural sentence (first of the set with exactly that many tokens, if any),
+    else random word pieces between [CLS] and [SEP]."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in sizes:
+        ids = next((t for t in (model.encode(s) for s in SENTENCES) if len(t) == n), None)
+        if ids is None:
+            ids = np.r_[minilm.CLS_ID, rng.integers(999, model.vocab_size, n - 2), minilm.SEP_ID].astype(np.int64)
+        out.append(ids)
+    return out
 
 
-def deep_ids(model, sequences: list[np.ndarray], layers: list[int], maxiter: int) -> dict:
-    out = {}
+def deep(model, sequences: list[np.ndarray], layers: list[int], maxiter: int, dtypes=("float32",), save=None) -> list[dict]:
+    """Recover each layer's input X from that layer's maps (attack.recover_deep_layer); one row per case.
+
+    ``save(row)`` is called after every row (the cases take minutes each on a busy CPU).
+    """
+    rows = []
     for layer in layers:
-        rows = []
+        params = attack.AttentionLayer.of_model(model, layer)
         for ids in sequences:
-            trace = model.forward(ids)
-            X = trace.X[layer].astype(np.float64)
-            r = attack.recover_deep_layer(trace.B[layer], model, layer, maxiter=maxiter)
-            X0 = np.repeat(attack.prior_mean(model, layer)[:, None], X.shape[1], axis=1)
-            rows.append(
-                {
+            for dtype in dtypes:
+                trace = model.forward(ids, dtype=dtype)
+                X = trace.X[layer].astype(np.float64)
+                r = attack.recover_deep_layer(trace.B[layer], model, layer, maxiter=maxiter)
+                prior = np.repeat(params.beta[:, None], X.shape[1], axis=1)
+                row = {
+                    "layer": layer,
                     "n": int(len(ids)),
-                    "relative_error": float(np.linalg.norm(r.X - X) / np.linalg.norm(X)),
-                    "prior_relative_error": float(np.linalg.norm(X0 - X) / np.linalg.norm(X)),
+                    "maps": dtype,
+                    "identifiable": r.identifiability.verdict,
+                    "init": r.init,
+                    "status": r.status,
+                    "method": r.method,
+                    "relative_error": attack.layer_input_error(r, params, trace.B[layer], X),
+                    "prior_relative_error": float(np.linalg.norm(prior - X) / np.linalg.norm(X)),
                     "log_domain_residual": r.residual,
                     "unknowns": r.unknowns,
                     "equations": r.equations,
-                    "status": r.status,
+                    "reason": r.reason,
                     "seconds": r.seconds,
                 }
-            )
-            print(f"  layer {layer} n={len(ids)} rel.err {rows[-1]['relative_error']:.3f} residual {r.residual:.1e} {r.status}", flush=True)
-        out[str(layer)] = {
-            "method": r.method,
-            "relative_error_median": float(np.median([q["relative_error"] for q in rows])),
-            "prior_relative_error_median": float(np.median([q["prior_relative_error"] for q in rows])),
-            "log_domain_residual_median": float(np.median([q["log_domain_residual"] for q in rows])),
-            "rows": rows,
-        }
-    return out
+                rows.append(row)
+                print(_deep_line(row), flush=True)
+                if save is not None:
+                    save(row)
+    return rows
+
+
+def _deep_line(q: dict) -> str:
+    return (f"{q['layer']:<6}{q['n']:>5}  {q['maps']:<8}{q['identifiable']:<21}{q['init']:<20}{q['status']:<12}"
+            f"{q['relative_error']:>10.2e}{q['prior_relative_error']:>8.2f}{q['log_domain_residual']:>10.1e}{q['seconds']:>8.1f}")
+
+
+DEEP_HEADER = (f"{'layer':<6}{'n':>5}  {'maps':<8}{'identifiable?':<21}{'init':<20}{'status':<12}"
+               f"{'rel.err X':>10}{'prior':>8}{'residual':>10}{'s':>8}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "layer0", "deep", "long"], default="all")
+    parser.add_argument("--part", choices=["all", "layer0", "deep", "mini"], default="all")
     parser.add_argument("--random", type=int, default=100, help="random-token sequences (default 100)")
-    parser.add_argument("--deep-sentences", type=int, default=6, help="sentences per deeper layer (default 6)")
+    parser.add_argument("--deep-n", default="12,48,100,400", help="input lengths at layers 1-5 (one input each)")
+    parser.add_argument("--deep-layers", default="1,2,3,4,5")
+    parser.add_argument("--deep-maps", default="float32", help="dtypes of the observed maps, e.g. float32,float64")
+    parser.add_argument("--mini-instances", type=int, default=3, help="instances per n on the miniature layer")
     parser.add_argument("--maxiter", type=int, default=300, help="L-BFGS iterations at deeper layers")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N natural sentences")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -139,23 +172,46 @@ def main(argv=None) -> int:
                 f"{r['verified_rate']:>10.2%}{r['seconds_mean']:>8.2f}{r['seconds_max']:>7.2f}{r['min_margin']:>12.3g}"
             )
     if args.part in ("all", "deep"):
-        texts = list(SENTENCES[:: max(1, len(SENTENCES) // args.deep_sentences)][: args.deep_sentences])
-        results["deep"] = deep(model, texts, [1, 2, 3, 4, 5], args.maxiter)
-        print("\nLayers 1-5 (X from attention maps; n <= 32 < d = 384)")
-        print(f"{'layer':<7}{'rel.err X':>10}{'prior only':>12}{'residual':>10}  status")
-        for layer, r in results["deep"].items():
-            st = r["rows"][0]["status"]
-            print(f"{layer:<7}{r['relative_error_median']:>10.3f}{r['prior_relative_error_median']:>12.3f}{r['log_domain_residual_median']:>10.1e}  {st}")
-    if args.part in ("all", "long"):
-        # n = 64 > 33: more equations 12 n (n - 1) than unknowns d n, still n < d
-        text = " ".join(SENTENCES[140:146])
-        long_ids = model.encode(text)[:64]
-        long_ids[-1] = minilm.SEP_ID
-        results["deep_long"] = deep_ids(model, [long_ids], [1, 5], args.maxiter * 3)
-        print("\nLayers 1 and 5 at n = 64 (equations exceed unknowns)")
-        for layer, r in results["deep_long"].items():
-            q = r["rows"][0]
-            print(f"{layer:<7}{q['relative_error']:>10.3f}{q['prior_relative_error']:>12.3f}{q['log_domain_residual']:>10.1e}  {q['status']} ({q['unknowns']} unknowns, {q['equations']} equations)")
+        sizes = [int(v) for v in args.deep_n.split(",")]
+        layers = [int(v) for v in args.deep_layers.split(",")]
+        print("\nLayers 1-5: X from that layer's float32 maps (d = 384, 12 heads of 32)")
+        print(DEEP_HEADER, flush=True)
+        results.pop("deep_long", None)  # the former stand-in's n = 64 table
+        results["deep"] = {
+            "method": ("unmask.attacks.minilm.recover_deep_layer: factor closed form (n >= 65), then solver.recover "
+                       "where it can run, else log-domain L-BFGS (uncertified); relative error is plain "
+                       "||X - X_true|| / ||X_true|| (an upper bound modulo the symmetry group)"),
+            "instances_per_cell": 1,
+            "rows": results.get("deep", {}).get("rows", []),
+        }
+
+        def save(row):  # merge: a rerun of a cell (layer, n, maps) replaces it
+            key = (row["layer"], row["n"], row["maps"])
+            kept = [q for q in results["deep"]["rows"] if (q["layer"], q["n"], q["maps"]) != key]
+            results["deep"]["rows"] = sorted(kept + [row], key=lambda q: (q["layer"], q["n"], q["maps"]))
+            atomic_write_json(args.out, results)
+
+        deep(model, deep_sequences(model, sizes, 1), layers, args.maxiter, tuple(args.deep_maps.split(",")), save)
+    if args.part in ("all", "mini"):
+        # the same pipeline through solver.recover, on a miniature of the layer (d = 8, 4 heads of 2)
+        print("\nMiniature layer (d = 8, 4 heads of 2, LayerNorm input, q bias), solver.recover end to end")
+        print(DEEP_HEADER.replace("maps    ", "seed    "), flush=True)
+        rows = []
+        for n in (2, 4, 12, 16):
+            for seed in range(args.mini_instances):
+                lay = attack.AttentionLayer.random(8, 4, seed=seed, logit_scale=4.0)
+                X = lay.layer_norm(np.random.default_rng(100 + seed).standard_normal((8, n)))
+                B = lay.maps(X)
+                r = attack.recover_layer_input(B, lay)
+                row = {"layer": "mini", "n": n, "maps": str(seed), "identifiable": r.identifiability.verdict,
+                       "init": r.init, "status": r.status, "relative_error": attack.layer_input_error(r, lay, B, X),
+                       "prior_relative_error": float(np.linalg.norm(lay.beta[:, None] - X) / np.linalg.norm(X)),
+                       "log_domain_residual": r.residual, "symmetry_dimension": r.symmetry_dimension,
+                       "error_bound": r.certificate.error_bound if r.certificate is not None else None,
+                       "reason": r.reason, "seconds": r.seconds}
+                rows.append(row)
+                print(_deep_line(row), flush=True)
+        results["deep_miniature"] = {"d": 8, "heads": 4, "d_head": 2, "rows": rows}
     results["seconds_total_last_run"] = time.time() - started
     atomic_write_json(args.out, results)
     print(f"\nwrote {args.out}")

@@ -730,8 +730,10 @@ def recover_layer_input(B, layer: AttentionLayer, *, gtol: float = 1e-10, seed: 
         reason = "" if status == "certified" else cert.reason
         method = "solver.recover (multi-head attention loss with u, certified Newton)"
     else:
-        reason = (f"solver.recover not run: its symmetry system needs {layer.solver_memory():.1e} bytes at d = {d} "
-                  f"(limit {SOLVER_MEMORY_LIMIT:.1e}); log-domain L-BFGS instead, no certificate")
+        reason = (f"solver.recover not run: its symmetry analysis needs the dense (H d^2, d^2) system, "
+                  f"{layer.solver_memory():.1e} bytes at d = {d} (limit {SOLVER_MEMORY_LIMIT:.1e}; its commutant "
+                  f"shortcut needs an invertible W_1, and these heads have rank {layer.d_head}); "
+                  f"log-domain L-BFGS instead, no certificate")
         if not starts:
             init = "prior"
         fits = []
