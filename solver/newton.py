@@ -21,6 +21,7 @@ Iteration bound printed in the certificate:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -111,14 +112,9 @@ def newton_direction(problem: Problem, X, g, shift: float = 0.0, T=None, forcing
             raise LinearSolveError(f"Newton system not positive definite at dn = {d * n} (shift {shift:.2e})") from exc
         s = -scipy.linalg.cho_solve(factor, gv, check_finite=False)
     else:
-        # the orbit directions get curvature 1 and zero gradient, as in the dense branch
-        op = spla.LinearOperator((d * n, d * n), matvec=hessian_operator(problem, X, T, shift, orbit_curvature=1.0),
-                                 dtype=np.float64)
-        s, info = spla.cg(op, -gv, rtol=forcing, maxiter=min(10 * d * n, CG_MAX_ITER))
-        if info < 0:
-            raise LinearSolveError(f"conjugate gradients broke down (info {info}) at dn = {d * n}")
-        # info > 0 (CG_MAX_ITER reached) leaves an inexact direction: LM accepts it only if L decreases
-        s = np.asarray(s)
+        # the orbit directions get curvature 1 and zero gradient, as in the dense branch; CG_MAX_ITER
+        # reached leaves an inexact direction, which LM accepts only if L decreases
+        s = np.asarray(_conjugate_gradients(problem, X, -gv, T, shift, forcing, min(10 * d * n, CG_MAX_ITER)))
     if not np.all(np.isfinite(s)):
         raise LinearSolveError("Newton step has non-finite entries; the Hessian is singular or the data overflow")
     dec = float(np.sqrt(max(-float(gv @ s), 0.0)))
@@ -168,6 +164,38 @@ def extreme_eigenvalues(problem: Problem, X, T=None, stop_below: float | None = 
     return lmin, lmax, max(res_min, res_max) + rounding
 
 
+def _conjugate_gradients(problem: Problem, X, b: np.ndarray, T, shift: float, rtol: float, maxiter: int):
+    """CG on ``(P H P + shift I + T T^T) s = b`` as one compiled XLA loop (jax.scipy's cg): no
+    host round trip per product, and no NumPy BLAS level-1 calls, whose threads spin for
+    milliseconds per call on an oversubscribed CPU."""
+    d, n = problem.d, problem.n
+    Tj = jnp.zeros((d * n, 0)) if T is None else jnp.asarray(T, jnp.float64)
+    return _cg_compiled(problem.variant, int(maxiter))(jnp.asarray(X, jnp.float64), jnp.asarray(b, jnp.float64), Tj,
+                                                       float(shift), float(rtol), problem._args)
+
+
+@functools.lru_cache(maxsize=8)
+def _cg_compiled(variant: str, maxiter: int):
+    import jax
+
+    from .problem import _KERNELS
+
+    hvp = _KERNELS[variant][2]
+
+    @jax.jit
+    def solve(X, b, T, shift, rtol, args):
+        d, n = X.shape
+
+        def op(v):
+            vp = v - T @ (T.T @ v)
+            hv = hvp(X, vp.reshape(d, n), *args).reshape(-1)
+            return hv - T @ (T.T @ hv) + shift * vp + T @ (T.T @ v)
+
+        return jax.scipy.sparse.linalg.cg(op, b, tol=rtol, atol=0.0, maxiter=maxiter)[0]
+
+    return solve
+
+
 def hessian_operator(problem: Problem, X, T=None, shift: float = 0.0, orbit_curvature: float = 0.0):
     """``v -> (P H P + shift I + c T T^T) v`` on vec'd (row-major) directions, H the Hessian at X,
     ``P = I - T T^T``, ``c = orbit_curvature``: one generated HVP per product, never a dense matrix."""
@@ -215,10 +243,10 @@ def lanczos_smallest(mv, v0: np.ndarray, *, max_steps: int = LANCZOS_MAX_STEPS, 
     k = 0
     for k in range(max_steps):
         w = mv(Q[k])
-        alpha.append(float(Q[k] @ w))
+        alpha.append(float(np.sum(Q[k] * w)))  # not BLAS ddot: see _conjugate_gradients
         for _ in range(2):  # twice is enough (Kahan)
             w = w - Q[: k + 1].T @ (Q[: k + 1] @ w)
-        b = float(np.linalg.norm(w))
+        b = math.sqrt(float(np.sum(w * w)))
         last = k + 1 == max_steps or b <= 1e-14 * max(1.0, abs(alpha[0]))
         if (k + 1) % 10 == 0 or last:
             evals, evecs = eigh_tridiagonal(np.array(alpha), np.array(beta), select="i",
