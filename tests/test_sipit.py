@@ -62,7 +62,7 @@ def test_readout_first_batch_resolves_layer_1(model):
 
 
 def test_gradient_policy_without_readout_recovers_exactly(model):
-    ids = model.encode("Alice paid 12")
+    ids = model.encode("Alice paid")
     H = np.asarray(model.layer_states(ids, 1))
     r = sipit_mod.sipit(model, H, 1, original=ids, policy=sipit_mod.GradientPolicy(first=0, seed=2))
     assert r.exact

@@ -14,6 +14,10 @@ Policies:
 - `GradientPolicy` (the paper's): SGD on a continuous input embedding ``e`` at position ``t``
   minimising ``||F_l(prefix, e)_t - H[t]||^2``, then propose the vocabulary embeddings nearest
   to ``e`` that have not been tried yet; if none passes, take more steps and propose again.
+  The walk starts from a linear read-out of ``H[t]`` (`StateReadout`, fitted once per layer on
+  the model's states of random-token prompts), whose nearest tokens are verified before any
+  step: one verifier batch costs about as much as one SGD step, and at shallow layers the
+  read-out alone usually ranks the true token first.
 - `BruteForcePolicy`: the whole vocabulary in a random order (the baseline).
 
 Either way at most ``|V|`` candidates are verified per position. Theorem 3.2: if every observed
@@ -35,9 +39,13 @@ import numpy as np
 from solver.errors import InvalidProblemError, UnmaskError
 from unmask.models.smollm import SmolLM, SmolLMWeights
 
-#: Default verifier radius, relative to the norm of the observed state. float32 recomputation
-#: (a batched KV-cache pass against a full causal pass, or another implementation) differs by a
-#: few 1e-6 relative; the states of different tokens differ by far more (see `candidate_delta`).
+#: Default verifier radius, relative to the norm of the observed state. Everything is float32
+#: (unit roundoff 6e-8); recomputing a state in another summation order (a batched KV-cache pass
+#: against a full causal pass, or another implementation) differs by a few 1e-6 relative, while
+#: the states of two different tokens differ by far more (Delta, see `candidate_delta`: 0.024
+#: at layer 1 position 0, where the median state norm is 65, i.e. 4e-4 relative, so the default
+#: radius stays below Delta / 2 there). Pass
+#: ``eps`` (absolute) for noisy states: exact when noise <= eps < Delta / 2 (Theorem 3.2).
 DEFAULT_REL_EPS = 1e-4
 
 
@@ -175,9 +183,14 @@ class _Context:
         while n <= max_batch:
             self.verify(self.w, ck, cv, jnp.int32(0), jnp.zeros((n,), jnp.int32), z)[0].block_until_ready()
             n *= 2
+        self.state(ck, cv, 0, jnp.zeros((1, self.model.config.d_model), jnp.float32)).block_until_ready()
         e = jnp.zeros((chains, self.model.config.d_model), jnp.float32)
         self.sgd(self.w, ck, cv, jnp.int32(0), z, z + 1, e, jnp.int32(0), jnp.int32(1), jnp.float32(1.0),
                  jnp.float32(40.0))[0].block_until_ready()
+
+    def state(self, ck, cv, pos, x):
+        """States at position ``pos`` for continuous input embeddings ``x`` (B, d)."""
+        return self.model._extend_jit(self.w, ck, cv, jnp.int32(pos), x, self.model.cos, self.model.sin)[0]
 
     def candidate_states(self, ck, cv, pos, ids):
         h, _, _ = self.model._extend_jit(self.w, ck, cv, jnp.int32(pos), self.w.embed[ids], self.model.cos, self.model.sin)
@@ -275,7 +288,9 @@ class GradientPolicy:
     vocabulary embeddings) take normalised gradient steps on
     ``sum_i ((F_l(prefix, e)_t - H[t])_i / s_i)^2``, where ``s_i = |H[t]_i| + median|H[t]|``
     keeps the few massive activations of the residual stream (up to 2e4 at the first position)
-    from hiding every other coordinate. The chains run as one batch. After every ``steps``
+    from hiding every other coordinate. Before the chains, ``newton_steps`` quasi-Newton steps
+    on ``e`` use the read-out's linear map ``R`` as an approximate inverse Jacobian:
+    ``e <- e + R(H[t]) - R(F_l(prefix, e)_t)`` (forward passes only). The chains run as one batch. After every ``steps``
     steps each chain proposes its ``per_chain`` nearest unvisited tokens.
 
     **Arguments**
@@ -288,13 +303,18 @@ class GradientPolicy:
       after that, up to ``max_batch`` candidates per round.
     - ``first``: tokens nearest to the read-out verified before the first step (0: no read-out;
       the chains then start from the mean embedding and random tokens, the earlier policy).
+    - ``newton_steps``: read-out quasi-Newton steps ``e <- e + R(H[t]) - R(F(e))`` (one
+      batch-1 forward each, no gradient) before the SGD chains, each proposing the ``per_step``
+      nearest unvisited tokens; the chains then start from where they ended.
     """
 
     name = "gradient"
 
     def __init__(self, chains: int = 8, steps: int = 5, lr: float = 1.0, horizon: int = 40,
-                 per_chain: int = 16, max_batch: int = 1024, first: int = 64, scaled_loss: bool = True,
-                 seed: int = 0):
+                 per_chain: int = 16, max_batch: int = 1024, first: int = 64, newton_steps: int = 12,
+                 per_step: int = 16, scaled_loss: bool = True, seed: int = 0):
+        self.newton_steps = newton_steps
+        self.per_step = per_step
         self.scaled_loss = scaled_loss
         self.chains = chains
         self.max_batch = max_batch
@@ -312,9 +332,28 @@ class GradientPolicy:
         scale = absd + jnp.median(absd) if self.scaled_loss else jnp.linalg.norm(target) + jnp.zeros_like(target)
         start = None
         if self.first > 0:
-            start = jnp.asarray(ctx.readout().predict(np.asarray(target), pos))
-            score = np.array(ctx.nearest(E, ctx.embed_sq, start[None]), dtype=np.float32)[0]
+            readout = ctx.readout()
+            r_obs = readout.predict(np.asarray(target), pos)
+            e0 = r_obs
+            score = np.array(ctx.nearest(E, ctx.embed_sq, jnp.asarray(e0)[None]), dtype=np.float32)[0]
             yield np.argpartition(score, self.first - 1)[: self.first].astype(np.int32)
+            # Quasi-Newton steps on the continuous embedding, forward passes only: the read-out's
+            # linear map stands in for the inverse Jacobian of e -> F_l(prefix, e)_t, so
+            # e <- e + R(H[t]) - R(F_l(prefix, e)_t) (R the read-out) moves e toward the input
+            # whose state is H[t]; each step proposes the nearest unvisited tokens.
+            for _ in range(self.newton_steps):
+                h = np.asarray(ctx.state(ck, cv, pos, jnp.asarray(e0)[None]))[0]
+                e0 = e0 + (r_obs - readout.predict(h, pos))
+                if not np.all(np.isfinite(e0)):
+                    e0 = r_obs
+                    break
+                score = np.array(ctx.nearest(E, ctx.embed_sq, jnp.asarray(e0)[None]), dtype=np.float32)[0]
+                score[visited] = np.inf
+                m = min(self.per_step, int((~visited).sum()))
+                if m == 0:
+                    return
+                yield np.argpartition(score, m - 1)[:m].astype(np.int32)
+            start = jnp.asarray(e0)
         i = 0
         while not visited.all():
             if i % self.horizon == 0:
