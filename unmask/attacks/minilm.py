@@ -555,10 +555,16 @@ def factor_closed_form(B: np.ndarray, layer: AttentionLayer) -> list[np.ndarray]
     with ``N = W_k^{-T} W_q^T`` (blocks N_gh): a homogeneous linear system in the
     H d_head^2 entries of the S_g. For n >= 2 d_head + 1 its null space is the true S up to
     scale; ``T_h^T S_h = I`` fixes the scale up to sign, and the mean column follows from
-    ``m^T W_h Y = (1/n) 1^T log B_h P - u_h^T Y`` (solver.algebraic, step 5). u picks the sign,
-    but only weakly when n is small (the other sign can fit the maps to 1e-13 in float64):
-    both candidates are returned when the worse one's log-domain residual is within a factor
-    100 of the better one's, for the solver to decide.
+    ``m^T W_h Y = (1/n) 1^T log B_h P - u_h^T Y`` (solver.algebraic, step 5).
+
+    The sign is not determined by the maps: with ``v = W_q^{-1} b_q`` (``u_h = W_h^T v`` for
+    every head), ``X -> -X - 2 v 1^T`` maps every query ``A_q x + b_q = A_q (x + v)`` to its
+    negative and every key to its negative plus a constant, which changes each logit row by a
+    constant only: an exact symmetry of all heads together (solver.symmetry counts a sign
+    flip only when u = 0). The LayerNorm does determine it: the true columns are
+    ``gamma * z + beta`` with z of mean 0 and variance 1, the reflected ones are not. The
+    candidate with the smaller :func:`layer_norm_defect` comes first; the other is returned
+    too only when its defect is within a factor 100 (then the solver's loss decides).
     This needs neither n > d nor full-rank heads (solver.algebraic needs both), nor full-rank Y
     (a LayerNorm output has rank d - 1).
     """
@@ -601,9 +607,18 @@ def factor_closed_form(B: np.ndarray, layer: AttentionLayer) -> list[np.ndarray]
         m = np.linalg.lstsq(A, np.concatenate([r[h] - u[h] @ Ys for h in range(H)]), rcond=None)[0]
         X = Ys + m[:, None]
         if np.all(np.isfinite(X)):
-            found.append((_log_residual(X, layer, logB, np.ones_like(B)), X))
+            found.append((layer_norm_defect(X, layer), X))
     found.sort(key=lambda c: c[0])
     return [X for f, X in found if f <= 100 * found[0][0] + 1e-300]
+
+
+def layer_norm_defect(X: np.ndarray, layer: AttentionLayer) -> float:
+    """How far the columns of X are from LayerNorm outputs: RMS over columns of
+    ``(mean z, var z - 1)`` with ``z = (x - beta) / gamma`` (0 for a layer input, up to LN_EPS)."""
+    Z = (np.asarray(X, np.float64) - layer.beta[:, None]) / layer.gamma[:, None]
+    mean = Z.mean(axis=0)
+    var = ((Z - mean) ** 2).mean(axis=0)
+    return float(np.sqrt(np.mean(mean**2 + (var - 1.0) ** 2)))
 
 
 def _smallest_eigenvector(A: np.ndarray) -> np.ndarray:
@@ -725,7 +740,7 @@ def recover_layer_input(B, layer: AttentionLayer, *, gtol: float = 1e-10, seed: 
         problem = layer.problem(B)
         runs = [recover(problem, X_init=X0, certify=False, validate=validate, gtol=gtol, seed=seed)
                 for X0 in (starts or [None])]
-        res = min(runs, key=lambda r: (r.status != "certified", float(problem.loss(r.X))))
+        res = min(runs, key=lambda r: (r.status != "certified", layer_norm_defect(r.X, layer)))
         X, status, cert, symdim = res.X, res.status, res.certificate, res.symmetry_dimension
         reason = "" if status == "certified" else cert.reason
         method = "solver.recover (multi-head attention loss with u, certified Newton)"
@@ -748,7 +763,7 @@ def recover_layer_input(B, layer: AttentionLayer, *, gtol: float = 1e-10, seed: 
                                           options={"maxiter": maxiter, "maxcor": 30, "ftol": 1e-15, "gtol": 1e-12})
             Xc = opt.x.reshape(d, n) if opt.fun <= fun(prior.ravel())[0] else prior
             fits.append((_log_residual(Xc, layer, logB, Wt), Xc))
-        X = min(fits, key=lambda c: c[0])[1]
+        X = fits[0][1] if starts else min(fits, key=lambda c: c[0])[1]  # closed-form starts: LayerNorm order
         status, cert, symdim = "uncertified", None, None
         method = "log-domain L-BFGS (solver.recover infeasible at this d)"
     return DeepLayerResult(X=X, status=status, reason=reason, init=init, method=method, identifiability=ident,
