@@ -62,3 +62,29 @@ def test_unidentifiable_instance_is_refused_or_labelled():
     result = recover(problem, certify=False, restarts=2, max_iter=30)
     assert result.status == "uncertified" and result.certificate.status == "uncertified"
     assert result.certificate.error_bound is None
+
+
+@given(seed=st.integers(0, 10**6))
+@settings(max_examples=3)
+def test_levenberg_marquardt_converges_quadratically_near_a_solution(seed):
+    # shift ~ ||grad|| keeps Newton's quadratic rate: from 1e-3 away the gradient reaches the float64
+    # floor in a handful of accepted steps, each squaring the previous gradient up to a constant
+    from solver.newton import History, levenberg_marquardt
+
+    problem, X = planted_instance(6, 12, 2, seed=seed)
+    start = X + 1e-3 * np.random.default_rng([seed, 1]).normal(size=X.shape)
+    history = History()
+    Xr = levenberg_marquardt(problem, start, history, 30, 0.0)
+    assert distance_to_orbit(problem, Xr, X) <= 1e-12
+    g = [s.grad_norm for s in history.steps]
+    assert len(g) <= 8, g
+    assert any(b <= 1e3 * a * a for a, b in zip(g, g[1:]) if a < 1e-4), g
+
+
+def test_random_restarts_are_not_drawn_from_the_planted_stream():
+    # recover's random starts must not coincide with the planted X of the same seed
+    from solver.recover import _starts
+
+    problem, X = planted_instance(4, 8, 1, seed=5)
+    for X0 in _starts(problem, 4, seed=5):
+        assert distance_to_orbit(problem, X0, X) > 1e-3
