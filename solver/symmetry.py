@@ -13,9 +13,12 @@ Three kinds leave every logit matrix's softmax (hence B) unchanged:
   extra logits ``X^T W_h v 1^T`` and ``(u_h^T v) 1 1^T`` are constant along
   rows and cancel in the softmax; for the output variant ``W_V,h^T v = 0``
   is needed too);
-- the sign flip ``X -> -X`` when every u_h = 0 (the logits are even in X; a
-  finite symmetry, not counted in the dimension). The output variant is
-  not even, so it has no sign flip.
+- the reflection ``X -> -X - 2 v 1^T`` when one v solves ``W_h^T v = u_h`` for
+  every head: the sign flip ``X -> -X`` when every u_h = 0 (the logits are
+  even in X), and with biases too whenever that system is consistent (always
+  for one invertible head; real layers with a query bias have it, found on
+  MiniLM). A finite symmetry, not counted in the dimension. The output
+  variant has none.
 
 ``symmetry_dimension`` is ``dim g + dim(translations)``: the dimension of the
 orbit of a generic X, i.e. the number of directions the unregularised Hessian
@@ -50,12 +53,14 @@ class Symmetry:
 
     - `lie_algebra`: (k, d, d) basis of g (empty (0, d, d) when the group is finite)
     - `translations`: (d, t) orthonormal basis of admissible translation directions v
-    - `sign_flip`: whether X -> -X is a symmetry
+    - `sign_flip`: whether the reflection ``X -> -X - 2 v 1^T`` is a symmetry (v = `reflection_shift`)
+    - `reflection_shift`: (d,) the v of the reflection (0 without bias), None when there is none
     """
 
     lie_algebra: np.ndarray
     translations: np.ndarray
     sign_flip: bool
+    reflection_shift: np.ndarray | None = None
     # one head with a key bias: Stab(W) acts affinely, X -> Q (X - m 1^T) + m'(Q) 1^T with
     # W^T m' + u = Q^{-T} (W^T m + u) (m the mean column); (W, u) of that head, else None
     affine: tuple | None = None
@@ -127,8 +132,9 @@ def symmetries(problem: Problem, rtol: float = 1e-10) -> Symmetry:
         trans_rows += [Wv.T for Wv in np.asarray(problem.W_V, dtype=np.float64)]
     T = np.vstack(trans_rows)
     translations = _null_space(T / max(1.0, float(np.max(np.abs(T)))), rtol)
-    sign_flip = (not problem.has_bias) and problem.variant != OUTPUT
-    return Symmetry(lie_algebra=lie, translations=translations, sign_flip=sign_flip, affine=affine)
+    v = _reflection_shift(problem, W)
+    return Symmetry(lie_algebra=lie, translations=translations, sign_flip=v is not None, reflection_shift=v,
+                    affine=affine)
 
 
 LIE_DENSE_MAX_D = 64  # above this d, the stabiliser algebra comes from the commutant (two or more heads)
@@ -193,8 +199,28 @@ def _symmetries_large(problem: Problem, W: np.ndarray, rtol: float) -> Symmetry:
         trans_rows += [Wv.T for Wv in np.asarray(problem.W_V, dtype=np.float64)]
     T = np.vstack(trans_rows)
     translations = _null_space(T / max(1.0, float(np.max(np.abs(T)))), rtol)
-    sign_flip = (not problem.has_bias) and problem.variant != OUTPUT
-    return Symmetry(lie_algebra=lie, translations=translations, sign_flip=sign_flip)
+    v = _reflection_shift(problem, W)
+    return Symmetry(lie_algebra=lie, translations=translations, sign_flip=v is not None, reflection_shift=v)
+
+
+def _reflection_shift(problem: Problem, W: np.ndarray, rtol: float = 1e-10) -> np.ndarray | None:
+    """v with ``W_h^T v = u_h`` for every head, or None.
+
+    ``X -> -X - 2 v 1^T`` changes each logit matrix by terms constant along rows
+    (``2 X^T W_h v 1^T`` and multiples of ``1 1^T``) plus ``1 (2 W_h^T v - 2 u_h)^T X``,
+    which vanishes exactly when ``W_h^T v = u_h``: then every B_h is unchanged. With u = 0 this is
+    the sign flip (v = 0). The output variant has none (``X^T W_V`` changes sign).
+    """
+    if problem.variant == OUTPUT:
+        return None
+    d = problem.d
+    if not problem.has_bias:
+        return np.zeros(d)
+    A = np.vstack([Wh.T for Wh in W])
+    b = np.concatenate([np.asarray(uh, np.float64) for uh in problem.U])
+    v = np.linalg.lstsq(A, b, rcond=None)[0]
+    scale = max(1.0, float(np.max(np.abs(A))) * float(np.max(np.abs(v))), float(np.max(np.abs(b))))
+    return v if float(np.max(np.abs(A @ v - b))) <= rtol * scale else None
 
 
 def _transpose_perm(d: int) -> np.ndarray:
@@ -225,7 +251,8 @@ def distance_to_orbit(problem: Problem, X: np.ndarray, X_true: np.ndarray, sym: 
     X = np.asarray(X, float)
     X_true = np.asarray(X_true, float)
     norm = max(np.linalg.norm(X_true), np.finfo(float).tiny)
-    candidates = [X_true, -X_true] if sym.sign_flip else [X_true]
+    candidates = [X_true, -X_true - 2 * np.outer(sym.reflection_shift, np.ones(X_true.shape[1]))] \
+        if sym.sign_flip else [X_true]
     best = np.inf
     for Y in candidates:
         best = min(best, _orbit_fit(sym, X, Y, iterations) / norm)

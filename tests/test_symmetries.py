@@ -21,10 +21,23 @@ def test_sign_flip_when_no_bias(seed, d, n, heads):
     assert abs(_loss(problem, -X) - _loss(problem, X)) <= 1e-12 * max(1.0, _loss(problem, X))
 
 
-def test_no_sign_flip_with_bias_or_output():
-    problem, X, _ = random_instance(0, 4, 6, 1, bias=True, output=False, reg=False)
-    assert not symmetries(problem).sign_flip
-    assert abs(_loss(problem, -X) - _loss(problem, X)) > 1e-6  # the flip really changes the loss
+@given(seed=st.integers(0, 2**31 - 1), d=st.integers(1, 8), n=st.integers(1, 12))
+def test_reflection_with_one_biased_head(seed, d, n):
+    # W^T v = u is solvable for one invertible head: X -> -X - 2 v 1^T leaves B unchanged, -X does not
+    problem, X, _ = random_instance(seed, d, n, 1, bias=True, output=False, reg=False)
+    sym = symmetries(problem)
+    assert sym.sign_flip
+    Xr = -X - 2 * np.outer(sym.reflection_shift, np.ones(n))
+    assert abs(_loss(problem, Xr) - _loss(problem, X)) <= 1e-10 * max(1.0, _loss(problem, X))
+
+
+def test_no_reflection_with_generic_biased_heads_or_output():
+    problem, X, _ = random_instance(0, 4, 6, 2, bias=True, output=False, reg=False)
+    sym = symmetries(problem)
+    assert not sym.sign_flip and sym.reflection_shift is None
+    v = np.linalg.lstsq(np.vstack([W.T for W in problem.W]), problem.U.reshape(-1), rcond=None)[0]
+    for Xr in (-X, -X - 2 * np.outer(v, np.ones(6))):  # neither candidate is a symmetry
+        assert abs(_loss(problem, Xr) - _loss(problem, X)) > 1e-6
     problem, X, _ = random_instance(0, 4, 6, 1, bias=False, output=True, reg=False)
     assert not symmetries(problem).sign_flip
 
