@@ -127,14 +127,7 @@ def symmetries(problem: Problem, rtol: float = 1e-10) -> Symmetry:
     basis = _null_space(M / scale, rtol)
     lie = basis.T.reshape(-1, d, d) if basis.size else np.zeros((0, d, d))
 
-    trans_rows = [Wh.T for Wh in W]
-    if problem.variant == OUTPUT:
-        trans_rows += [Wv.T for Wv in np.asarray(problem.W_V, dtype=np.float64)]
-    T = np.vstack(trans_rows)
-    translations = _null_space(T / max(1.0, float(np.max(np.abs(T)))), rtol)
-    v = _reflection_shift(problem, W)
-    return Symmetry(lie_algebra=lie, translations=translations, sign_flip=v is not None, reflection_shift=v,
-                    affine=affine)
+    return _with_translations_and_reflection(problem, W, lie, rtol, affine)
 
 
 LIE_DENSE_MAX_D = 64  # above this d, the stabiliser algebra comes from the commutant (two or more heads)
@@ -194,13 +187,20 @@ def _symmetries_large(problem: Problem, W: np.ndarray, rtol: float) -> Symmetry:
         lie = q.T.reshape(-1, d, d)
     else:
         lie = np.zeros((0, d, d))
+    return _with_translations_and_reflection(problem, W, lie, rtol)
+
+
+def _with_translations_and_reflection(problem: Problem, W: np.ndarray, lie: np.ndarray, rtol: float,
+                                      affine: tuple | None = None) -> Symmetry:
+    """The Symmetry with stabiliser algebra ``lie``, plus the translations and the reflection of ``problem``."""
     trans_rows = [Wh.T for Wh in W]
     if problem.variant == OUTPUT:
         trans_rows += [Wv.T for Wv in np.asarray(problem.W_V, dtype=np.float64)]
     T = np.vstack(trans_rows)
     translations = _null_space(T / max(1.0, float(np.max(np.abs(T)))), rtol)
     v = _reflection_shift(problem, W)
-    return Symmetry(lie_algebra=lie, translations=translations, sign_flip=v is not None, reflection_shift=v)
+    return Symmetry(lie_algebra=lie, translations=translations, sign_flip=v is not None, reflection_shift=v,
+                    affine=affine)
 
 
 def _reflection_shift(problem: Problem, W: np.ndarray, rtol: float = 1e-10) -> np.ndarray | None:
