@@ -106,3 +106,103 @@ def test_null_space_translations_leave_loss_unchanged(seed, n, bias):
     w = rng.normal(size=d)
     w -= sym.translations @ (sym.translations.T @ w)
     assert abs(_loss(problem, X + 3.0 * np.outer(w, np.ones(n))) - _loss(problem, X)) > 1e-8 or n == 1
+
+
+# ---- heads in factored form: W_h = W_q,h^T W_k,h / sqrt(head_dim) (a BERT layer) ----------------
+def _factored_instance(kind: str, d: int, dh: int, bias: bool, seed: int):
+    """A problem whose heads split d into blocks of dh, with N = W_k W_q^{-1} of the given kind:
+    generic (finite group), W_k = W_q (symmetric heads), block-diagonal N (no coupling between
+    heads) or N = G kron N0 (heads coupled, one shared algebra): each has its own dimension."""
+    import math
+
+    rng = np.random.default_rng(seed)
+    H = d // dh
+    Wq = rng.normal(size=(d, d))
+    if kind == "generic":
+        Wk = rng.normal(size=(d, d))
+    elif kind == "symmetric":
+        Wk = Wq.copy()
+    elif kind == "block":
+        Wk = scipy_block_diag(*rng.normal(size=(H, dh, dh))) @ Wq
+    else:
+        Wk = np.kron(rng.normal(size=(H, H)), rng.normal(size=(dh, dh))) @ Wq
+    W = np.stack([Wq[h * dh:(h + 1) * dh].T @ Wk[h * dh:(h + 1) * dh] / math.sqrt(dh) for h in range(H)])
+    u = None
+    if bias:
+        bq = rng.normal(size=d)
+        u = np.stack([Wk[h * dh:(h + 1) * dh].T @ bq[h * dh:(h + 1) * dh] / math.sqrt(dh) for h in range(H)])
+    return Problem.create(W, rng.dirichlet(np.ones(5), size=(H, 5)), u=u), (Wq, Wk, dh)
+
+
+def scipy_block_diag(*blocks):
+    import scipy.linalg
+
+    return scipy.linalg.block_diag(*blocks)
+
+
+def _span_gap(A: np.ndarray, B: np.ndarray) -> float:
+    """Largest sine of the principal angles between the column spans of A and B (same width)."""
+    qa, _ = np.linalg.qr(A)
+    qb, _ = np.linalg.qr(B)
+    return float(np.linalg.norm(qa - qb @ (qb.T @ qa), 2)) if qa.size else 0.0
+
+
+@given(seed=st.integers(0, 2**31 - 1), kind=st.sampled_from(["generic", "symmetric", "block", "tied"]),
+       shape=st.sampled_from([(8, 2), (8, 4), (12, 3), (12, 4)]), bias=st.booleans())
+def test_factored_algebra_matches_dense(seed, kind, shape, bias):
+    """The two-stage factored computation gives the dense path's algebra: same dimension (0 .. 18
+    over these kinds), same span, same orbit tangent space at a random X, same reflection."""
+    d, dh = shape
+    problem, factors = _factored_instance(kind, d, dh, bias, seed)
+    dense, fact = symmetries(problem), symmetries(problem, factors=factors)
+    assert fact.lie_algebra.shape == dense.lie_algebra.shape
+    assert fact.dimension == dense.dimension and fact.sign_flip == dense.sign_flip
+    k = dense.lie_algebra.shape[0]
+    assert _span_gap(dense.lie_algebra.reshape(k, d * d).T, fact.lie_algebra.reshape(k, d * d).T) < 1e-8
+    X = np.random.default_rng(seed).normal(size=(d, 5))
+    assert _span_gap(dense.orbit_tangent(X), fact.orbit_tangent(X)) < 1e-8
+    for A in fact.lie_algebra:  # each element is in the algebra of every head (and its bias)
+        for Wh, uh in zip(problem.W, problem.U):
+            assert np.abs(A.T @ Wh + Wh @ A).max() <= 1e-10 * np.abs(Wh).max()
+            assert np.abs(A.T @ uh).max() <= 1e-10 * max(1.0, np.abs(uh).max())
+
+
+def test_factored_algebra_dimensions():
+    """Closed-form dimensions (no bias): W_k = W_q gives H dh (dh - 1) / 2, a block-diagonal N gives
+    H floor(dh / 2), N = G kron N0 one copy floor(dh / 2), generic N none."""
+    for kind, expected in (("symmetric", 3 * 6), ("block", 3 * 2), ("tied", 2), ("generic", 0)):
+        problem, factors = _factored_instance(kind, 12, 4, False, 3)
+        assert symmetries(problem, factors=factors).lie_algebra.shape[0] == expected, kind
+
+
+def test_head_factors_and_wrong_factors():
+    from solver.errors import InvalidProblemError
+    from solver.symmetry import head_factors
+
+    problem, (Wq, Wk, dh) = _factored_instance("tied", 12, 4, False, 1)
+    fq, fk, sizes = head_factors(np.asarray(problem.W))
+    assert sizes == [4, 4, 4]
+    for h in range(3):
+        rows = slice(4 * h, 4 * h + 4)
+        np.testing.assert_allclose(fq[rows].T @ fk[rows], problem.W[h], atol=1e-12 * np.abs(problem.W[h]).max())
+    full = Problem.create(np.random.default_rng(0).normal(size=(2, 6, 6)), np.full((2, 3, 3), 1 / 3))
+    assert head_factors(np.asarray(full.W)) is None  # ranks 6 + 6 > d: not a split layer
+    with pytest.raises(InvalidProblemError, match="differs from W"):
+        symmetries(problem, factors=(Wq, Wk[::-1], dh))
+
+
+@pytest.mark.models
+def test_minilm_layer_symmetry_without_dense_system():
+    """all-MiniLM-L6-v2 layer 3 (d = 384, 12 heads of rank 32): solver.symmetry finds the factors
+    itself (the dense system would need 2e12 bytes); the group is finite, and its reflection is
+    X -> -X - 2 W_q^{-1} b_q 1^T (about 11 s)."""
+    from unmask.attacks.minilm import AttentionLayer
+    from unmask.models import minilm
+
+    model = minilm.load()
+    layer = AttentionLayer.of_model(model, 3)
+    X = layer.layer_norm(np.random.default_rng(0).standard_normal((384, 6)))
+    sym = symmetries(layer.problem(layer.maps(X)))
+    assert sym.dimension == 0 and sym.sign_flip
+    v = np.linalg.solve(layer.Aq.reshape(384, 384), layer.bq.reshape(384))
+    np.testing.assert_allclose(sym.reflection_shift, v, rtol=0, atol=1e-9 * np.abs(v).max())
