@@ -173,6 +173,12 @@ LEMMAS: tuple[Lemma, ...] = (
           "max |eigvalsh(hess L(X))|", H * (J_O**2 + negcurv_out) + gamma_max**2, "upper", "steps 4, 6"),
     Lemma("hessian_lipschitz_output", "output", "the Hessian of L_out is M-Lipschitz on the region",
           "|d3L(X)[V,V,V]| / ||V||^3", H * M_out_head, "upper", "steps 5, 6"),
+    Lemma("output_map_curvature", "output",
+          "the outputs' second derivative, all heads stacked: ||d2O[V,V]||_F <= sqrt(H) K2 ||V||_F^2, so the "
+          "Jacobian of X -> O(X) is sqrt(H) K2-Lipschitz on the region (the K of the Kantorovich root test)",
+          "||d2O[V,V]||_F / ||V||_F^2 over all heads", sp.sqrt(H) * K2, "upper",
+          "step 6: d2O = d2F X^T W_V + 2 dF V^T W_V, the K2 of negcurv_out per head; the norm of a "
+          "symmetric bilinear map is attained on the diagonal (polarisation with a unit vector w)"),
     Lemma("strong_convexity_output", "output", "lambda_min(hess L) >= l = gamma^2 - H negcurv_out on the region",
           "lambda_min(hess L(X))", gamma**2 - H * negcurv_out, "lower", "steps 4, 6"),
 )

@@ -428,6 +428,11 @@ def bound_hessian_lipschitz_output(n, H, R, omega, mu, gamma, gamma_max, omega_V
     return H*(3*jnp.sqrt(n)*omega_V**2*((1/2)*R*(mu*jnp.sqrt(n) + 2*omega*sigma) + 1)*(R*jnp.sqrt(n)*(jnp.sqrt(n)*omega + (32/125)*jnp.sqrt(5)*(mu*jnp.sqrt(n) + 2*omega*sigma)**2) + jnp.sqrt(n)*(mu*jnp.sqrt(n) + 2*omega*sigma)) + omega_V*(R*omega_V + beta)*(R*jnp.sqrt(n)*((192/125)*jnp.sqrt(5)*omega*(mu*jnp.sqrt(n) + 2*omega*sigma) + (7/4)*(mu*jnp.sqrt(n) + 2*omega*sigma)**3) + 3*jnp.sqrt(n)*omega + (96/125)*jnp.sqrt(5)*(mu*jnp.sqrt(n) + 2*omega*sigma)**2))
 
 
+def bound_output_map_curvature(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
+    """the outputs' second derivative, all heads stacked: ||d2O[V,V]||_F <= sqrt(H) K2 ||V||_F^2, so the Jacobian of X -> O(X) is sqrt(H) K2-Lipschitz on the region (the K of the Kantorovich root test)."""
+    return jnp.sqrt(H)*omega_V*(R*jnp.sqrt(n)*(jnp.sqrt(n)*omega + (32/125)*jnp.sqrt(5)*(mu*jnp.sqrt(n) + 2*omega*sigma)**2) + jnp.sqrt(n)*(mu*jnp.sqrt(n) + 2*omega*sigma))
+
+
 def bound_strong_convexity_output(n, H, R, omega, mu, gamma, gamma_max, omega_V, beta, sigma, rho):
     """lambda_min(hess L) >= l = gamma^2 - H negcurv_out on the region."""
     return -H*omega_V*(R*omega_V + beta)*(R*jnp.sqrt(n)*(jnp.sqrt(n)*omega + (32/125)*jnp.sqrt(5)*(mu*jnp.sqrt(n) + 2*omega*sigma)**2) + jnp.sqrt(n)*(mu*jnp.sqrt(n) + 2*omega*sigma)) + gamma**2
@@ -459,6 +464,8 @@ def bounds(n, H, R, omega, mu, gamma, gamma_max, omega_V=0.0, beta=0.0, sigma=No
         out['gradient_lipschitz_output'] = bound_gradient_lipschitz_output(*args)
     if variant == 'output':
         out['hessian_lipschitz_output'] = bound_hessian_lipschitz_output(*args)
+    if variant == 'output':
+        out['output_map_curvature'] = bound_output_map_curvature(*args)
     if variant == 'output':
         out['strong_convexity_output'] = bound_strong_convexity_output(*args)
     return out

@@ -1,0 +1,280 @@
+"""Exact preimages of attention outputs, each certified by the Kantorovich theorem.
+
+The attention-output variant observes ``O_h(X) = F_h(X) X^T W_V,h`` (``F_h`` the row-softmax of
+``X^T W_h X + 1 u_h^T X``). With one head and ``d_v = d`` these are ``d n`` equations in the
+``d n`` unknowns of X: a *square* nonlinear system, and square systems generically have several
+isolated solutions. Where two of them exist the observed outputs do not determine X, whatever
+the solver: no method can tell the planted input from the other preimage. This module finds
+preimages and proves each one:
+
+- :func:`polish`: Newton on the residual ``r(X) = O(X) - B`` (the Gauss-Newton step, exact for
+  a square system), from any start.
+- :func:`kantorovich`: with ``J = Dr(X^)`` (dense, float64), ``beta >= ||J^-1||_2``,
+  ``eta >= ||J^-1 r(X^)||`` and ``K`` the generated bound of the lemma ``output_map_curvature``
+  (``Dr`` is K-Lipschitz on the ball of radius ``rho`` around ``X^``), ``h = beta K eta <= 1/2``
+  proves an exact root within ``t* = (1 - sqrt(1 - 2h)) / (beta K)`` of ``X^``, and the only
+  root in the ball of radius ``min(rho, t**)``, ``t** = (1 + sqrt(1 - 2h)) / (beta K)``
+  (Kantorovich; Ortega and Rheinboldt, 12.6.2).
+- :func:`find_roots`: random starts, LM on the loss then :func:`polish`, every root certified
+  and kept once (two certified roots are *distinct* when their distance exceeds the sum of
+  their radii ``t*``).
+
+Floating point, not interval arithmetic: r is evaluated in x87 extended precision with an
+a-priori bound on its rounding (:func:`residual_extended`), and the smallest singular value
+of the float64 Jacobian is lowered by an a-priori allowance for its rounding; both are stated
+in the certificate. tests/test_roots.py checks the extended residual against an mpmath
+evaluation at 50 digits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import InvalidProblemError
+from .problem import OUTPUT, Problem
+
+EPS = float(np.finfo(np.float64).eps)
+
+
+def _check(problem: Problem) -> None:
+    if problem.variant != OUTPUT:
+        raise InvalidProblemError("exact preimages are defined for the attention-output variant (give W_V)")
+    if np.any(problem.Gamma != 0):
+        raise InvalidProblemError("the root test is for the unregularised equations O(X) = B; use gamma = 0")
+    m, dn = problem.heads * problem.n * problem.W_V.shape[-1], problem.d * problem.n
+    if m != dn:
+        raise InvalidProblemError(
+            f"the Kantorovich root test needs a square system: H n d_v = {m} equations against d n = {dn} unknowns "
+            f"(one head with d_v = d); over-determined instances are certified as least-squares minimisers by "
+            f"solver.recover instead")
+
+
+def _outputs(X, W, U, Wv):
+    S = jnp.einsum("an,hab,bm->hnm", X, W, X) + (U @ X)[:, None, :]
+    return jnp.einsum("hnm,am,hav->hnv", jax.nn.softmax(S, axis=-1), X, Wv)
+
+
+@jax.jit
+def _residual(X, W, U, Wv, B):
+    return (_outputs(X, W, U, Wv) - B).reshape(-1)
+
+
+@jax.jit
+def _jacobian(X, W, U, Wv, B):
+    return jax.jacfwd(lambda Z: _residual(Z, W, U, Wv, B))(X).reshape(-1, X.size)
+
+
+def _data(problem: Problem):
+    return tuple(jnp.asarray(a, jnp.float64) for a in (problem.W, problem.U, problem.W_V, problem.B))
+
+
+def residual(problem: Problem, X) -> np.ndarray:
+    """``r(X) = O(X) - B`` flattened (H n d_v,), float64."""
+    return np.asarray(_residual(jnp.asarray(X, jnp.float64), *_data(problem)))
+
+
+def jacobian(problem: Problem, X) -> np.ndarray:
+    """Dense Jacobian of :func:`residual` with respect to vec(X) (row-major), (H n d_v, d n)."""
+    return np.asarray(_jacobian(jnp.asarray(X, jnp.float64), *_data(problem)))
+
+
+def polish(problem: Problem, X, *, max_iter: int = 30) -> np.ndarray:
+    """Newton on the square system ``r(X) = 0``, stopping once ||r|| stops decreasing.
+
+    Raises :class:`InvalidProblemError` where the system is not square. Returns the best
+    iterate seen (never a NaN: a singular or non-finite step ends the iteration).
+    """
+    _check(problem)
+    X = np.asarray(X, np.float64)
+    best, best_r = X, float(np.linalg.norm(residual(problem, X)))
+    for _ in range(max_iter):
+        J = jacobian(problem, X)
+        r = residual(problem, X)
+        step, *_ = np.linalg.lstsq(J, r, rcond=None)
+        if not np.all(np.isfinite(step)):
+            break
+        X = X - step.reshape(X.shape)
+        rn = float(np.linalg.norm(residual(problem, X)))
+        if not np.isfinite(rn):
+            break
+        if rn < best_r:
+            best, best_r = X, rn
+        elif rn > 0.5 * best_r:  # no longer converging (quadratically or at all): at the floor
+            break
+    return best
+
+
+@dataclass(frozen=True)
+class RootCertificate:
+    """Kantorovich's test at one point ``X`` (d, n).
+
+    - `exists`: True when ``h <= 1/2`` and ``t* <= rho``: an exact root lies within `radius`
+    - `radius`: ``t*``; `unique_radius`: ``min(rho, t**)``, no other root within it
+    - `beta`, `eta`, `K`, `h`, `rho`: the theorem's quantities (``beta``, ``eta`` include the rounding allowances)
+    - `sigma_min`: smallest singular value of the computed Jacobian; `residual_norm`: ||r(X)|| computed
+    - `rounding`: the bound on the extended-precision rounding of ||r|| (added to it)
+    """
+
+    X: np.ndarray = field(repr=False)
+    exists: bool
+    radius: float
+    unique_radius: float
+    beta: float
+    eta: float
+    K: float
+    h: float
+    rho: float
+    sigma_min: float
+    residual_norm: float
+    rounding: float
+
+    def as_dict(self) -> dict:
+        return {k: (bool(v) if k == "exists" else float(v)) for k, v in self.__dict__.items() if k != "X"}
+
+
+def residual_extended(problem: Problem, X) -> tuple[np.ndarray, float]:
+    """``r(X)`` in x87 extended precision (``np.longdouble``) and an a-priori bound on its rounding.
+
+    The bound is ``(n + 8 d + 32) eps_ext (||M|| (1 + 2 max|S|) + ||B||)`` with ``M = |F| |X^T| |W_V|``
+    and ``S`` the logits: the dot products of S (length d, twice), the softmax (whose relative
+    error is at most twice the absolute error of its arguments) and the products with X^T
+    (length n) and W_V (length d), each at most its length times the unit roundoff.
+    """
+    ld = np.longdouble
+    eps = float(np.finfo(ld).eps)
+    Xl = np.asarray(X, np.float64).astype(ld)
+    W, U, Wv, B = (np.asarray(a, np.float64).astype(ld) for a in (problem.W, problem.U, problem.W_V, problem.B))
+    S = np.einsum("an,hab,bm->hnm", Xl, W, Xl) + (U @ Xl)[:, None, :]
+    F = np.exp(S - S.max(axis=-1, keepdims=True))
+    F /= F.sum(axis=-1, keepdims=True)
+    r = np.einsum("hnm,am,hav->hnv", F, Xl, Wv) - B
+    mag = float(np.linalg.norm(np.einsum("hnm,am,hav->hnv", F, np.abs(Xl), np.abs(Wv)).astype(np.float64)))
+    smax = float(np.max(np.abs(np.einsum("an,hab,bm->hnm", np.abs(Xl), np.abs(W), np.abs(Xl)))
+                        + (np.abs(U) @ np.abs(Xl))[:, None, :]))
+    bound = (problem.n + 8 * problem.d + 32) * eps * (mag * (1 + 2 * smax) + float(np.linalg.norm(problem.B)))
+    return r.reshape(-1), bound
+
+
+def kantorovich(problem: Problem, X, *, rhos=(1e-3, 1e-2, 1e-1, 1.0)) -> RootCertificate:
+    """Kantorovich's test at ``X``; see the module docstring.
+
+    ``beta = 1 / (s_min(J^) - delta_J)`` with ``J^`` the float64 Jacobian and
+    ``delta_J = (n + 8 d + 32) eps ||J^||_F`` (a-priori allowance for its rounding);
+    ``eta = beta (||r_ext|| + bound)`` from :func:`residual_extended`, so ``eta >= ||J^-1 r||``.
+    `rhos`: region radii tried, relative to ``||X||_F``; the certificate reports the largest one
+    on which a root is proved (the largest uniqueness ball), or the smallest one tried.
+    """
+    from proofs_check.region import Region
+
+    _check(problem)
+    X = np.asarray(problem.check_X(X), np.float64)
+    J = jacobian(problem, X)
+    s = np.linalg.svd(J, compute_uv=False)
+    r_ext, bound = residual_extended(problem, X)
+    rn = float(np.linalg.norm(r_ext.astype(np.float64)))
+    delta_J = (problem.n + 8 * problem.d + 32) * EPS * float(np.linalg.norm(J))
+    sig = float(s[-1]) - delta_J
+    if not (sig > 0 and np.isfinite(rn)):
+        return RootCertificate(X, False, np.inf, 0.0, np.inf, np.inf, np.nan, np.inf, 0.0, float(s[-1]), rn, bound)
+    beta = 1.0 / sig
+    eta = beta * (rn + bound)
+    best = None
+    scale = float(np.linalg.norm(X))
+    for rel in sorted(rhos):
+        rho = rel * scale
+        K = Region.around(problem, X, rho).bounds()["output_map_curvature"]
+        h = beta * K * eta
+        if h <= 0.5:
+            root = np.sqrt(1.0 - 2.0 * h)
+            t1, t2 = (1.0 - root) / (beta * K), (1.0 + root) / (beta * K)
+            ok = t1 <= rho
+            cert = RootCertificate(X, ok, t1 if ok else np.inf, min(rho, t2) if ok else 0.0, beta, eta, K, h, rho,
+                                   float(s[-1]), rn, bound)
+        else:
+            cert = RootCertificate(X, False, np.inf, 0.0, beta, eta, K, h, rho, float(s[-1]), rn, bound)
+        if best is None or cert.exists:  # the smallest rho, or the largest one that proves a root
+            best = cert
+    return best
+
+
+@dataclass
+class RootSet:
+    """Distinct certified roots found by :func:`find_roots`.
+
+    - `roots`: one :class:`RootCertificate` per distinct root, in the order found
+    - `starts`: starts tried; `converged`: starts whose polished end point certified;
+      `seconds`: wall time
+    """
+
+    roots: list[RootCertificate]
+    starts: int
+    converged: int
+    seconds: float
+
+    @property
+    def count(self) -> int:
+        return len(self.roots)
+
+    def nearest(self, X) -> tuple[int, float]:
+        """Index of the root nearest to ``X`` and the relative distance ``||X* - X|| / ||X||``."""
+        X = np.asarray(X, np.float64)
+        dist = [float(np.linalg.norm(c.X - X)) for c in self.roots]
+        i = int(np.argmin(dist))
+        return i, dist[i] / float(np.linalg.norm(X))
+
+    def as_dict(self) -> dict:
+        return {"count": self.count, "starts": self.starts, "converged": self.converged, "seconds": self.seconds,
+                "roots": [c.as_dict() for c in self.roots]}
+
+
+def add_root(roots: list[RootCertificate], cert: RootCertificate) -> bool:
+    """Append ``cert`` unless it is a root already in ``roots``; True when it was new.
+
+    Two certified roots are the same when they lie within each other's uniqueness ball, and
+    distinct when their centres are further apart than the sum of their radii; anything in
+    between is ambiguous and counted as the same (never an overcount).
+    """
+    for c in roots:
+        if np.linalg.norm(c.X - cert.X) <= c.radius + cert.radius + max(c.unique_radius, cert.unique_radius):
+            return False
+    roots.append(cert)
+    return True
+
+
+def find_roots(problem: Problem, *, starts: int = 16, seed: int = 0, include=(), lm_iter: int = 60,
+               progress=None) -> RootSet:
+    """Certified distinct exact solutions of ``O(X) = B`` from random starts.
+
+    - `starts`: random starts (``N(0, d^-1/2)`` entries, the planted instances' scale), drawn from
+      ``np.random.default_rng(seed)``
+    - `include`: extra starts tried first (for example the solver's answer)
+    - `progress`: optional callable ``progress(i, starts, found)`` after each start
+    """
+    from .newton import History, levenberg_marquardt
+
+    _check(problem)
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    points = [np.asarray(problem.check_X(X), np.float64) for X in include]
+    points += [rng.normal(scale=problem.d**-0.25, size=(problem.d, problem.n)) for _ in range(starts)]
+    roots: list[RootCertificate] = []
+    converged = 0
+    for i, X0 in enumerate(points):
+        X = levenberg_marquardt(problem, X0, History(), lm_iter, 1e-12)
+        X = polish(problem, X)
+        cert = kantorovich(problem, X)
+        if cert.exists:
+            converged += 1
+            add_root(roots, cert)
+        if progress is not None:
+            progress(i + 1, len(points), len(roots))
+    return RootSet(roots, len(points), converged, time.perf_counter() - t0)
+
+
+__all__ = ["RootCertificate", "RootSet", "residual", "jacobian", "polish", "kantorovich", "find_roots", "add_root",
+           "residual_extended"]

@@ -1,0 +1,113 @@
+"""Exact preimages of attention outputs (solver.roots): the Kantorovich certificate and its inputs."""
+
+import mpmath
+import numpy as np
+import pytest
+
+from proofs_check.checker import check
+from proofs_check.region import Region
+from solver import InvalidProblemError, Problem, planted_instance
+from solver.roots import add_root, find_roots, jacobian, kantorovich, polish, residual, residual_extended
+
+
+def _outputs_mp(problem, X, digits=50):
+    """O(X) - B evaluated in mpmath at ``digits`` digits, independently of the JAX and numpy code."""
+    with mpmath.workdps(digits):
+        W, U, Wv, B = problem.W[0], problem.U[0], problem.W_V[0], problem.B[0]
+        d, n = X.shape
+        Xm = mpmath.matrix(X.tolist())
+        S = Xm.T * mpmath.matrix(W.tolist()) * Xm
+        ux = mpmath.matrix(U.tolist()).T * Xm
+        out = []
+        for i in range(n):
+            s = [S[i, j] + ux[0, j] for j in range(n)]
+            m = max(s)
+            e = [mpmath.exp(v - m) for v in s]
+            tot = mpmath.fsum(e)
+            x_mix = [mpmath.fsum(e[j] / tot * Xm[a, j] for j in range(n)) for a in range(d)]
+            for v in range(Wv.shape[1]):
+                out.append(mpmath.fsum(x_mix[a] * mpmath.mpf(float(Wv[a, v])) for a in range(d)) - mpmath.mpf(float(B[i, v])))
+        return out
+
+
+@pytest.fixture(scope="module")
+def two_roots():
+    # seed 4 at (d, n) = (4, 8): the random starts land on three distinct certified roots
+    p, Xt = planted_instance(4, 8, heads=1, variant="output", seed=4)
+    return p, Xt, find_roots(p, starts=16, seed=104, include=[Xt], lm_iter=200)
+
+
+def test_extended_residual_within_its_bound_against_mpmath():
+    p, Xt = planted_instance(4, 8, heads=1, variant="output", seed=1)
+    X = Xt + 1e-3 * np.random.default_rng(0).normal(size=Xt.shape)  # a point with a visible residual too
+    for Y in (Xt, X):
+        r, bound = residual_extended(p, Y)
+        exact = np.array([float(v) for v in _outputs_mp(p, Y)])
+        err = float(np.linalg.norm(r.astype(np.float64) - exact))
+        assert err <= bound, (err, bound)
+        assert bound < 1e-14  # the allowance is an extended-precision one, not a float64 one
+        np.testing.assert_allclose(residual(p, Y), exact, atol=1e-13)
+
+
+def test_jacobian_matches_finite_differences():
+    p, Xt = planted_instance(4, 8, heads=1, variant="output", seed=2)
+    J = jacobian(p, Xt)
+    V = np.random.default_rng(1).normal(size=Xt.shape)
+    h = 1e-6
+    fd = (residual(p, Xt + h * V) - residual(p, Xt - h * V)) / (2 * h)
+    np.testing.assert_allclose(J @ V.reshape(-1), fd, atol=1e-8)
+
+
+def test_planted_root_certified_and_perturbed_point_refused():
+    p, Xt = planted_instance(4, 8, heads=1, variant="output", seed=1)
+    cert = kantorovich(p, polish(p, Xt))
+    assert cert.exists and cert.h <= 0.5
+    assert cert.radius < 1e-10 < cert.unique_radius
+    far = kantorovich(p, Xt + 1e-2 * np.random.default_rng(2).normal(size=Xt.shape))
+    assert not far.exists and far.h > 0.5
+
+
+def test_two_distinct_exact_preimages_checked_in_mpmath(two_roots):
+    """The output variant is not identifiable here: two inputs far apart give the same outputs."""
+    p, Xt, roots = two_roots
+    assert roots.count >= 2
+    i, rel = roots.nearest(Xt)
+    assert rel < 1e-10  # the planted X is one of them
+    scale = float(np.linalg.norm(p.B))
+    for c in roots.roots:
+        assert c.exists
+        exact = np.array([float(v) for v in _outputs_mp(p, c.X)])
+        assert np.linalg.norm(exact) <= 1e-14 * scale  # independent of the certificate's own arithmetic
+    others = [c for j, c in enumerate(roots.roots) if j != i]
+    assert min(np.linalg.norm(c.X - Xt) / np.linalg.norm(Xt) for c in others) > 0.1
+
+
+def test_add_root_keeps_one_copy(two_roots):
+    _, _, roots = two_roots
+    kept = list(roots.roots)
+    assert not add_root(kept, roots.roots[0])
+    assert len(kept) == roots.count
+
+
+def test_curvature_lemma_is_checked_and_a_wrong_constant_fails():
+    region = Region(d=3, n=6, heads=1, R=0.8, omega=1.2, mu=0.3, variant="output", d_v=3, omega_V=1.1, beta=1.0)
+    assert check(region, instances=8, names=["output_map_curvature"], progress=False).ok
+    assert not check(region, instances=8, names=["output_map_curvature"],
+                     bound_scale={"output_map_curvature": 0.01}, progress=False).ok
+
+
+def test_bad_input():
+    pa, _ = planted_instance(4, 8, heads=1, seed=0)
+    with pytest.raises(InvalidProblemError, match="output variant"):
+        kantorovich(pa, np.zeros((4, 8)))
+    p2, X2 = planted_instance(4, 8, heads=2, variant="output", seed=0)
+    with pytest.raises(InvalidProblemError, match="square"):
+        polish(p2, X2)
+    p, Xt = planted_instance(4, 8, heads=1, variant="output", seed=0)
+    reg = Problem.create(p.W, p.B, W_V=p.W_V, gamma=0.1)
+    with pytest.raises(InvalidProblemError, match="gamma = 0"):
+        find_roots(reg, starts=1)
+    with pytest.raises(InvalidProblemError, match="shape"):
+        kantorovich(p, np.zeros((4, 7)))
+    with pytest.raises(InvalidProblemError, match="finite"):
+        kantorovich(p, np.full((4, 8), np.nan))
