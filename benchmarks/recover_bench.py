@@ -3,6 +3,7 @@
     python benchmarks/recover_bench.py accuracy [--instances 20] [--sizes 4,8,16,32] [--families two,one,output]
     python benchmarks/recover_bench.py noise    [--instances 20]
     python benchmarks/recover_bench.py peers    [--instances 10] [--sizes 8,32]   (n = 2d, 2 heads)
+    python benchmarks/recover_bench.py roots    [--instances 10] [--sizes 4,8] [--starts 12]  (output variant)
 
 Each prints a table and writes JSON under benchmarks/results/. Errors are relative
 distances to the planted X's orbit under the instance's symmetry group (float64).
@@ -60,6 +61,52 @@ def accuracy(args):
                       f"(rechecked {rechecked})  median err {row['median_error']:.1e}  worst {row['worst_error']:.1e}  "
                       f"{row['median_seconds']:.2f} s", flush=True)
     atomic_write_json(args.json or "benchmarks/results/recover_accuracy.json", {"rows": rows})
+
+
+def roots(args):
+    """The output variant's preimages: how many certified exact roots, and which one the solver returns.
+
+    Same instances as ``accuracy --families output`` (one head, d_v = d: a square system). Per
+    instance: the solver's answer (``recover`` with its default 8 restarts) is classified as the planted X,
+    another certified exact root, or no root; then :func:`solver.roots.find_roots` from the
+    planted X, the solver's answer and ``--starts`` random starts counts the distinct certified
+    roots. Two or more prove that the outputs do not determine X on that instance.
+    """
+    from solver.roots import find_roots, kantorovich, polish
+
+    rows = []
+    for d in [int(s) for s in args.sizes.split(",")]:
+        for mult in (2, 4):
+            n = mult * d
+            counts, planted_ok, solver_kind, secs = [], 0, {"planted": 0, "other root": 0, "no root": 0}, []
+            for seed in range(args.instances):
+                problem, X = planted_instance(d, n, heads=1, variant="output", seed=seed)
+                t = time.perf_counter()
+                res = recover(problem, certify=False, validate=False)  # random restarts, see recover()
+                if distance_to_orbit(problem, res.X, X) <= 1e-8:
+                    solver_kind["planted"] += 1
+                elif res.status == "certified" or kantorovich(problem, polish(problem, res.X)).exists:
+                    solver_kind["other root"] += 1
+                else:
+                    solver_kind["no root"] += 1
+                found = find_roots(problem, starts=args.starts, seed=1000 + seed, include=[X, res.X], lm_iter=200)
+                secs.append(time.perf_counter() - t)
+                i, rel = found.nearest(X) if found.count else (None, np.inf)
+                planted_ok += rel <= 1e-8
+                counts.append(found.count)
+            counts = np.array(counts)
+            row = {"d": d, "n": n, "instances": args.instances, "starts": args.starts,
+                   "planted_root_certified": int(planted_ok), "non_identifiable": int((counts >= 2).sum()),
+                   "roots_per_instance": counts.tolist(), "max_roots": int(counts.max()),
+                   "solver": solver_kind, "median_seconds": float(np.median(secs))}
+            rows.append(row)
+            print(f"output d={d:3d} n={n:4d}  planted root certified {planted_ok}/{args.instances}  "
+                  f">=2 certified roots {row['non_identifiable']}/{args.instances} (max {row['max_roots']})  "
+                  f"solver: planted {solver_kind['planted']}, other root {solver_kind['other root']}, "
+                  f"no root {solver_kind['no root']}  {row['median_seconds']:.1f} s", flush=True)
+    atomic_write_json(args.json or "benchmarks/results/recover_roots.json",
+                      {"command": "python benchmarks/recover_bench.py roots --instances %d --sizes %s --starts %d"
+                       % (args.instances, args.sizes, args.starts), "rows": rows})
 
 
 def _noisy(problem: Problem, sigma: float, seed: int) -> Problem:
@@ -190,13 +237,14 @@ def _adam(grad_k, a, X0, steps=3000, lr=1e-2):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["accuracy", "noise", "peers"])
+    ap.add_argument("what", choices=["accuracy", "noise", "peers", "roots"])
+    ap.add_argument("--starts", type=int, default=12, help="roots: random starts per instance")
     ap.add_argument("--instances", type=int, default=20)
     ap.add_argument("--sizes", default="4,8,16,32")
     ap.add_argument("--families", default="two,one,output", help="accuracy: any of two,one,output")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    {"accuracy": accuracy, "noise": noise, "peers": peers}[args.what](args)
+    {"accuracy": accuracy, "noise": noise, "peers": peers, "roots": roots}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ Independent of the solver's code path: the gradient and Hessian come from
 :mod:`proofs_check.reference` (not the generated kernels), the
 Hessian-Lipschitz constant from the SymPy expression of the lemma
 (``lambdify``, not the generated evaluator), and the radius inequality is
-solved afresh. Any mismatch raises :class:`CertificateMismatchError`.
+solved afresh. A ``kantorovich-root`` certificate is recomputed from the Jacobian of the
+reference transcription (``jax.jacfwd``), the residual in mpmath at 30 digits (not the
+solver's extended-precision one) and the SymPy constant of ``output_map_curvature``.
+Any mismatch raises :class:`CertificateMismatchError`.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         raise CertificateMismatchError(f"symmetry dimension {sym.dimension} != certificate's {cert.symmetry_dimension}")
     if cert.status != "certified":
         return {"status": cert.status}
+    if cert.kind == "kantorovich-root":
+        return _recheck_root(cert, problem, np.asarray(X, np.float64), rtol)
     X = np.asarray(X, np.float64)
     d, n = X.shape
     loss, args = _loss_and_args(problem)
@@ -95,3 +100,60 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {bound:.3e}")
     return {"status": "certified", "lambda_min": float(ev[0]), "M": M, "m": m, "radius": r, "grad_norm": gn,
             "error_bound": bound}
+
+
+def _residual_mp(problem: Problem, X, digits: int = 30) -> float:
+    """||O(X) - B||_F in mpmath (numpy object arrays of mpf), all heads."""
+    import mpmath
+
+    with mpmath.workdps(digits):
+        mp = np.vectorize(mpmath.mpf, otypes=[object])
+        Xm = mp(X)
+        total = mpmath.mpf(0)
+        for h in range(problem.heads):
+            S = Xm.T.dot(mp(problem.W[h])).dot(Xm) + mp(problem.U[h]).dot(Xm)[None, :]
+            E = np.vectorize(mpmath.exp, otypes=[object])(S - np.max(S, axis=1, keepdims=True))
+            F = E / E.sum(axis=1, keepdims=True)
+            R = F.dot(Xm.T).dot(mp(problem.W_V[h])) - mp(problem.B[h])
+            total += mpmath.fsum(v * v for v in R.ravel())
+        return float(mpmath.sqrt(total))
+
+
+def _recheck_root(cert: Certificate, problem: Problem, X: np.ndarray, rtol: float) -> dict:
+    import jax.numpy as jnp
+
+    d, n = X.shape
+    W, U, Wv = (jnp.asarray(a, jnp.float64) for a in (problem.W, problem.U, problem.W_V))
+
+    def outputs(Z):
+        return jnp.stack([ref.attention(Z, W[h], U[h]) @ Z.T @ Wv[h] for h in range(problem.heads)])
+
+    J = np.asarray(jax.jacfwd(outputs)(jnp.asarray(X))).reshape(-1, d * n)
+    if J.shape[0] != d * n:
+        raise CertificateMismatchError(f"a Kantorovich root certificate needs a square system; this one is {J.shape}")
+    s = np.linalg.svd(J, compute_uv=False)
+    eps = np.finfo(np.float64).eps
+    sig = float(s[-1]) - (n + 8 * d + 32) * eps * float(np.linalg.norm(J))
+    rn = _residual_mp(problem, X)
+    c = cert.constants
+    if abs(float(s[-1]) - c["sigma_min"]) > rtol * max(float(s[-1]), c["sigma_min"]):
+        raise CertificateMismatchError(f"sigma_min: recomputed {float(s[-1]):.6e}, certificate says {c['sigma_min']:.6e}")
+    if not sig > 0:
+        raise CertificateMismatchError(f"the Jacobian is not provably invertible on recomputation (s_min {s[-1]:.3e})")
+    beta = 1.0 / sig
+    eta = beta * (rn + 1e-25 * (1.0 + float(np.linalg.norm(problem.B))))
+    rho = float(c["rho"])
+    K = _lemma_value("output_map_curvature", Region.around(problem, X, rho))
+    h = beta * K * eta
+    if not h <= 0.5:
+        raise CertificateMismatchError(f"Kantorovich's condition fails on recomputation: h = {h:.3e} > 1/2")
+    root = math.sqrt(1.0 - 2.0 * h)
+    t1, t2 = (1.0 - root) / (beta * K), (1.0 + root) / (beta * K)
+    if not t1 <= rho:
+        raise CertificateMismatchError(f"the root radius {t1:.3e} leaves the region of radius {rho:.3e}")
+    if cert.error_bound < t1 * (1 - 1e-6):
+        raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {t1:.3e}")
+    if cert.radius > min(rho, t2) * (1 + 1e-6):
+        raise CertificateMismatchError(f"uniqueness radius {cert.radius:.3e} exceeds the recomputed {min(rho, t2):.3e}")
+    return {"status": "certified", "kind": "kantorovich-root", "sigma_min": float(s[-1]), "K": K, "h": h,
+            "residual_norm": rn, "error_bound": t1, "radius": min(rho, t2)}

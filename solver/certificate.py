@@ -9,6 +9,11 @@ minimiser, and ``||X - X*||_F <= error_bound = 2 ||grad L(X)|| / m`` (the factor
 covers rounding-level differences between gradient evaluations, so an
 independent recheck reproduces the bound).
 
+A ``kantorovich-root`` certificate (the square attention-output system, where the local
+Newton certificate is out of reach: lambda_min = s_min(J)^2 is tiny) states instead: an exact
+solution X* of ``O(X) = B`` lies within ``error_bound = t*`` of X and is the only one within
+``radius`` (Kantorovich, :mod:`solver.roots`); X* is a global minimiser of the loss (L = 0).
+
 The numbers are float64 evaluations with stated rounding margins
 (``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
 proof on a box is ``unmask verify --rigorous``.
@@ -61,6 +66,7 @@ class Certificate:
     iteration_bound: int | None
     uniqueness: str
     reason: str = ""
+    kind: str = "local-newton"  # or "kantorovich-root" (see the module docstring)
     versions: dict = field(default_factory=versions)
 
     def as_dict(self) -> dict:
@@ -75,6 +81,9 @@ class Certificate:
         if self.status != "certified":
             return f"uncertified: {self.reason}"
         c = self.constants
+        if self.kind == "kantorovich-root":
+            return (f"certified (Kantorovich): an exact solution of O(X) = B within {self.error_bound:.2e}, the only "
+                    f"one within {self.radius:.2e}; s_min(J) = {c['sigma_min']:.3e}, K = {c['K']:.3e}, h = {c['h']:.2e}")
         return (f"certified: ||X - X*|| <= {self.error_bound:.2e} (unique critical point within radius "
                 f"{self.radius:.2e}); m = {c['m']:.3e}, M = {c['M']:.3e}, L_g = {c['L_g']:.3e}; "
                 f"{self.iterations} certified iterations (bound {self.iteration_bound}); "
@@ -127,4 +136,21 @@ def build_certificate(problem: Problem, X, consts_run: LocalConstants | None, sy
         region=region.as_dict(), validation=validation, iterations=iterations, iteration_bound=bound,
         uniqueness=("unique critical point of L in the ball B(X, radius)" if not sym.dimension else
                     "unique critical point of L on the slice through X orthogonal to the symmetry orbit, within radius"),
+    )
+
+
+def root_certificate(problem: Problem, X, root, sym, validation, iterations: int) -> Certificate:
+    """The ``kantorovich-root`` certificate at X from a :class:`solver.roots.RootCertificate` that exists."""
+    from proofs_check.region import Region
+
+    if not root.exists:
+        raise ValueError("root_certificate needs a RootCertificate whose test passed")
+    return Certificate(
+        status="certified", fingerprint=problem.fingerprint(), X_digest=array_digest(X),
+        symmetry_dimension=sym.dimension, sign_flip=sym.sign_flip, loss=float(problem.loss(X)),
+        grad_norm=float(np.linalg.norm(np.asarray(problem.grad(X), np.float64))), error_bound=root.radius,
+        radius=root.unique_radius, constants=root.as_dict(), region=Region.around(problem, X, root.rho).as_dict(),
+        validation=validation, iterations=iterations, iteration_bound=None,
+        uniqueness="the only solution of O(X) = B in the ball B(X, radius); it is a global minimiser (L = 0)",
+        kind="kantorovich-root",
     )

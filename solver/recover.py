@@ -33,7 +33,7 @@ import numpy as np
 from .certificate import Certificate, build_certificate, final_constants
 from .errors import CertificationError
 from .newton import DENSE_MAX, History, certified_newton, levenberg_marquardt
-from .problem import ATTENTION, Problem
+from .problem import ATTENTION, OUTPUT, Problem
 from .symmetry import symmetries
 
 _VALIDATED: dict = {}
@@ -96,6 +96,12 @@ def hessian_lipschitz_on(problem: Problem, X, radius: float) -> float:
     return reg.bounds()[name]
 
 
+def square_output(problem: Problem) -> bool:
+    """The attention-output equations form a square system (H d_v = d), unregularised, dense-sized."""
+    return (problem.variant == OUTPUT and problem.heads * problem.W_V.shape[-1] == problem.d
+            and not np.any(problem.Gamma != 0) and problem.d * problem.n <= DENSE_MAX)
+
+
 def _starts(problem: Problem, restarts: int, seed: int):
     rng = np.random.default_rng(seed)
     scale = 1.0 / problem.d**0.25
@@ -117,6 +123,12 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
       float64 rounding floor is reached)
     - `restarts`, `seed`: random starts when the closed form does not apply
 
+    The square attention-output system (one head, d_v = d, no regulariser): each random start
+    runs LM, then Newton on ``O(X) = B`` (:func:`solver.roots.polish`), and the first one that
+    ends on a root proved by Kantorovich's test is returned with a ``kantorovich-root``
+    certificate. Such a system can have several exact solutions; :func:`solver.roots.find_roots`
+    counts them, and where there are two the outputs do not determine X.
+
     Returns a :class:`Result`.
     """
     t0 = time.perf_counter()
@@ -136,8 +148,16 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         if X is None:
             init = "random-restarts"
             best = None
+            square = square_output(problem)
             for X0 in _starts(problem, restarts, seed):
-                Xc = levenberg_marquardt(problem, X0, History(), 60, gtol)
+                Xc = levenberg_marquardt(problem, X0, History(), 200 if square else 60, gtol)
+                if square:  # Newton on O(X) = B, and stop at the first start that ends on a proved root
+                    from .roots import kantorovich, polish
+
+                    Xc = polish(problem, Xc)
+                    if kantorovich(problem, Xc).exists:
+                        best = (float(problem.loss(Xc)), Xc)
+                        break
                 f = float(problem.loss(Xc))
                 if best is None or f < best[0]:
                     best = (f, Xc)
@@ -164,6 +184,18 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         validation = validate_region(Region.around(problem, X, consts.radius))
         if validation["status"] != "OK":
             consts = None
+    if consts is None and square_output(problem):
+        # the square output system: lambda_min = s_min(J)^2 is far below what the local Newton
+        # certificate needs, but Kantorovich on O(X) = B can still prove an exact solution
+        from .certificate import root_certificate
+        from .roots import kantorovich, polish
+
+        Xp = polish(problem, X)
+        root = kantorovich(problem, Xp)
+        if root.exists:
+            cert = root_certificate(problem, Xp, root, sym, None, iterations=0)
+            return Result(X=Xp, status="certified", certificate=cert, history=history.as_list(), init=init,
+                          symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
     if consts is None:
         M0 = hessian_lipschitz_on(problem, X, 0.0)  # the lemma's M at radius 0: a lower bound of the M used
         reason = (f"lambda_min <= {lam0:.3e} at the iterate (off the {sym.dimension}-dimensional orbit), "

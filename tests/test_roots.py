@@ -111,3 +111,23 @@ def test_bad_input():
         kantorovich(p, np.zeros((4, 7)))
     with pytest.raises(InvalidProblemError, match="finite"):
         kantorovich(p, np.full((4, 8), np.nan))
+
+
+def test_recover_returns_a_rechecked_root_certificate():
+    from proofs_check.recheck import recheck
+    from solver.errors import CertificateMismatchError
+    from solver.recover import recover
+
+    p, Xt = planted_instance(4, 8, heads=1, variant="output", seed=1)
+    res = recover(p, validate=False)
+    assert res.status == "certified" and res.certificate.kind == "kantorovich-root"
+    assert np.linalg.norm(residual(p, res.X)) < 1e-13
+    out = recheck(res.certificate, p, res.X)
+    assert out["kind"] == "kantorovich-root" and out["error_bound"] <= res.certificate.error_bound * (1 + 1e-6)
+    forged = res.certificate.as_dict()
+    forged["radius"] = 10 * forged["radius"]  # claims uniqueness on a larger ball than proved
+    with pytest.raises(CertificateMismatchError, match="uniqueness radius"):
+        recheck(forged, p, res.X)
+    moved = res.X + 1e-3  # another X: the digest check fires first
+    with pytest.raises(CertificateMismatchError):
+        recheck(res.certificate, p, moved)
