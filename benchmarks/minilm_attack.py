@@ -1,7 +1,7 @@
 """Recovering the input of all-MiniLM-L6-v2 from one layer's attention maps.
 
     python benchmarks/minilm_attack.py --part layer0       # natural + random sentences, layer 0
-    python benchmarks/minilm_attack.py --part deep --deep-n 12,48,100,400 --deep-layers 1,3,5
+    python benchmarks/minilm_attack.py --part deep --deep-n 100 --deep-layers 1,2,3,4,5 --instances 3 --no-certify
     python benchmarks/minilm_attack.py --part mini         # the deep-layer pipeline end to end on a miniature
 
 Layer 0: exact token rate, exact sentence rate and seconds per sentence on the project's
@@ -9,12 +9,13 @@ sentence set (unmask.attacks.sentences, 8-31 tokens) and on random-token sequenc
 (uniform over the 29523 non-special word pieces, lengths 8-32), from the float32 maps a
 deployed model produces.
 
-Layers 1-5 (``--part deep``, one input per length n, 2-10 minutes per case on 2 busy cores):
+Layers 1-5 (``--part deep``, ``--instances`` inputs per length n, 1-10 minutes per case on 2
+busy cores, plus about 8 minutes per certificate attempt at n = 100):
 ``unmask.attacks.minilm.recover_deep_layer`` on the float32 maps; per case the
 identifiability verdict (count: n >= 33; closed form: n >= 2 d_head + 1 = 65), the
-initialisation, the status (always uncertified at d = 384: solver.recover's symmetry
-system does not fit), the relative error of X against the true layer input, next to the
-prior alone (the LayerNorm bias), and the log-domain residual. ``--part mini``: the same
+initialisation, the status (certified only with a certificate that proofs_check.recheck
+recomputes; ``--no-certify`` skips solver.recover's attempt), the relative error of X against
+the true layer input, next to the prior alone (the LayerNorm bias), and the log-domain residual. ``--part mini``: the same
 pipeline through solver.recover (certificates) on a miniature layer, d = 8, 4 heads of 2.
 Prints tables and writes benchmarks/results/minilm_attack.json (merged with what is there;
 a rerun cell replaces its row).
@@ -82,20 +83,23 @@ def layer0(model, sequences: list[np.ndarray], label: str) -> dict:
     }
 
 
-def deep_sequences(model, sizes: list[int], seed: int) -> list[np.ndarray]:
-    """One input per size n: a natural sentence (first of the set with exactly that many tokens, if any),
-    else random word pieces between [CLS] and [SEP]."""
+def deep_sequences(model, sizes: list[int], seed: int, instances: int = 1) -> list[tuple[int, np.ndarray]]:
+    """``instances`` inputs per size n, as (instance, ids): the natural sentences of the set with exactly
+    that many tokens first, then random word pieces between [CLS] and [SEP]. Instance 0 is the input
+    of the former one-input table (same seed stream)."""
     rng = np.random.default_rng(seed)
+    natural = [model.encode(s) for s in SENTENCES]
     out = []
     for n in sizes:
-        ids = next((t for t in (model.encode(s) for s in SENTENCES) if len(t) == n), None)
-        if ids is None:
-            ids = np.r_[minilm.CLS_ID, rng.integers(999, model.vocab_size, n - 2), minilm.SEP_ID].astype(np.int64)
-        out.append(ids)
+        mine = [t for t in natural if len(t) == n][:instances]
+        while len(mine) < instances:
+            mine.append(np.r_[minilm.CLS_ID, rng.integers(999, model.vocab_size, n - 2), minilm.SEP_ID].astype(np.int64))
+        out += list(enumerate(mine))
     return out
 
 
-def deep(model, sequences: list[np.ndarray], layers: list[int], maxiter: int, dtypes=("float32",), save=None) -> list[dict]:
+def deep(model, sequences: list[tuple[int, np.ndarray]], layers: list[int], maxiter: int, dtypes=("float32",),
+         save=None, certify: bool = True) -> list[dict]:
     """Recover each layer's input X from that layer's maps (attack.recover_deep_layer); one row per case.
 
     ``save(row)`` is called after every row (the cases take minutes each on a busy CPU).
@@ -103,16 +107,18 @@ def deep(model, sequences: list[np.ndarray], layers: list[int], maxiter: int, dt
     rows = []
     for layer in layers:
         params = attack.AttentionLayer.of_model(model, layer)
-        for ids in sequences:
+        for instance, ids in sequences:
             for dtype in dtypes:
                 trace = model.forward(ids, dtype=dtype)
                 X = trace.X[layer].astype(np.float64)
-                r = attack.recover_deep_layer(trace.B[layer], model, layer, maxiter=maxiter)
+                r = attack.recover_deep_layer(trace.B[layer], model, layer, maxiter=maxiter, certify=certify)
                 prior = np.repeat(params.beta[:, None], X.shape[1], axis=1)
+                cert = r.certificate
                 row = {
                     "layer": layer,
                     "n": int(len(ids)),
                     "maps": dtype,
+                    "instance": instance,
                     "identifiable": r.identifiability.verdict,
                     "init": r.init,
                     "status": r.status,
@@ -123,6 +129,8 @@ def deep(model, sequences: list[np.ndarray], layers: list[int], maxiter: int, dt
                     "unknowns": r.unknowns,
                     "equations": r.equations,
                     "reason": r.reason,
+                    "error_bound": getattr(cert, "error_bound", None),
+                    "certificate_seconds": r.certificate_seconds,
                     "seconds": r.seconds,
                 }
                 rows.append(row)
@@ -133,11 +141,11 @@ def deep(model, sequences: list[np.ndarray], layers: list[int], maxiter: int, dt
 
 
 def _deep_line(q: dict) -> str:
-    return (f"{q['layer']:<6}{q['n']:>5}  {q['maps']:<8}{q['identifiable']:<21}{q['init']:<20}{q['status']:<12}"
+    return (f"{q['layer']:<6}{q['n']:>5}/{q.get('instance', 0)}  {q['maps']:<8}{q['identifiable']:<21}{q['init']:<20}{q['status']:<12}"
             f"{q['relative_error']:>10.2e}{q['prior_relative_error']:>8.2f}{q['log_domain_residual']:>10.1e}{q['seconds']:>8.1f}")
 
 
-DEEP_HEADER = (f"{'layer':<6}{'n':>5}  {'maps':<8}{'identifiable?':<21}{'init':<20}{'status':<12}"
+DEEP_HEADER = (f"{'layer':<6}{'n/i':>7}  {'maps':<8}{'identifiable?':<21}{'init':<20}{'status':<12}"
                f"{'rel.err X':>10}{'prior':>8}{'residual':>10}{'s':>8}")
 
 
@@ -145,7 +153,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["all", "layer0", "deep", "mini"], default="all")
     parser.add_argument("--random", type=int, default=100, help="random-token sequences (default 100)")
-    parser.add_argument("--deep-n", default="12,48,100,400", help="input lengths at layers 1-5 (one input each)")
+    parser.add_argument("--deep-n", default="12,48,100,400", help="input lengths at layers 1-5")
+    parser.add_argument("--instances", type=int, default=1, help="inputs per (layer, n) cell at layers 1-5 (default 1)")
+    parser.add_argument("--no-certify", action="store_true",
+                        help="layers 1-5: skip solver.recover's certificate attempt (closed form + polish only)")
     parser.add_argument("--deep-layers", default="1,2,3,4,5")
     parser.add_argument("--deep-maps", default="float32", help="dtypes of the observed maps, e.g. float32,float64")
     parser.add_argument("--mini-instances", type=int, default=3, help="instances per n on the miniature layer")
@@ -178,20 +189,23 @@ def main(argv=None) -> int:
         print(DEEP_HEADER, flush=True)
         results.pop("deep_long", None)  # the former stand-in's n = 64 table
         results["deep"] = {
-            "method": ("unmask.attacks.minilm.recover_deep_layer: factor closed form (n >= 65), then solver.recover "
-                       "where it can run, else log-domain L-BFGS (uncertified); relative error is plain "
-                       "||X - X_true|| / ||X_true|| (an upper bound modulo the symmetry group)"),
-            "instances_per_cell": 1,
+            "method": ("unmask.attacks.minilm.recover_deep_layer: factor closed form (n >= 65) or the prior, "
+                       "log-domain L-BFGS, then (unless --no-certify, closed form only) solver.recover's certificate "
+                       "attempt; relative error ||X - X_true|| / ||X_true||, modulo the reflection when solver.recover "
+                       "ran (its group is finite at d = 384), plain otherwise (an upper bound modulo the group)"),
             "rows": results.get("deep", {}).get("rows", []),
         }
 
-        def save(row):  # merge: a rerun of a cell (layer, n, maps) replaces it
-            key = (row["layer"], row["n"], row["maps"])
-            kept = [q for q in results["deep"]["rows"] if (q["layer"], q["n"], q["maps"]) != key]
-            results["deep"]["rows"] = sorted(kept + [row], key=lambda q: (q["layer"], q["n"], q["maps"]))
+        def key(q):
+            return (q["layer"], q["n"], q["maps"], q.get("instance", 0))
+
+        def save(row):  # merge: a rerun of a case (layer, n, maps, instance) replaces it
+            kept = [q for q in results["deep"]["rows"] if key(q) != key(row)]
+            results["deep"]["rows"] = sorted(kept + [row], key=key)
             atomic_write_json(args.out, results)
 
-        deep(model, deep_sequences(model, sizes, 1), layers, args.maxiter, tuple(args.deep_maps.split(",")), save)
+        deep(model, deep_sequences(model, sizes, 1, args.instances), layers, args.maxiter,
+             tuple(args.deep_maps.split(",")), save, certify=not args.no_certify)
     if args.part in ("all", "mini"):
         # the same pipeline through solver.recover, on a miniature of the layer (d = 8, 4 heads of 2)
         print("\nMiniature layer (d = 8, 4 heads of 2, LayerNorm input, q bias), solver.recover end to end")

@@ -229,9 +229,42 @@ def test_deep_layer_certified_through_solver():
     assert r.method.startswith("solver.recover") and r.symmetry_dimension is not None
     assert r.init == "factor closed form"
     assert r.status == "certified", r.reason
+    assert r.recheck is not None and r.recheck["status"] == "certified"  # proofs_check recomputed it
     err = atk.layer_input_error(r, layer, B, X) * np.linalg.norm(X)
     # the certificate bounds the distance to the unique critical point; X is one (loss 0)
     assert err <= r.certificate.error_bound + 1e-12 * np.linalg.norm(X)
+
+
+@pytest.mark.slow
+def test_deep_layer_certified_only_when_rechecked(monkeypatch):
+    """The instance above with proofs_check.recheck out of reach: solver.recover's certificate alone
+    does not make the status certified."""
+    monkeypatch.setattr(atk, "RECHECK_MAX_DN", 0)
+    layer = atk.AttentionLayer.random(8, 4, seed=1, logit_scale=4.0)
+    X = layer.layer_norm(np.random.default_rng(2).standard_normal((8, 12)))
+    r = atk.recover_layer_input(layer.maps(X), layer)
+    assert r.certificate.status == "certified"
+    assert r.status == "uncertified" and "recheck" in r.reason and r.recheck is None
+
+
+def test_deep_layer_large_path_tries_the_certificate():
+    """d = 72 > 64, 4 heads of 18, n = 40 (d n = 2880 > SOLVER_START_MAX_DN): closed form, L-BFGS,
+    then solver.recover, whose symmetry analysis finds the heads' factors itself (finite group).
+    The status is certified only with a rechecked certificate; otherwise the reason names
+    lambda_min, the gradient and M (measured: refused, it needs ||grad|| <= 2.2e-13, has 1.3e-12)."""
+    layer = atk.AttentionLayer.random(72, 4, seed=0, logit_scale=1.0)
+    X = layer.layer_norm(np.random.default_rng(1).standard_normal((72, 40)))
+    B = layer.maps(X)
+    r = atk.recover_layer_input(B, layer, maxiter=100)
+    assert r.method.endswith("solver.recover (certified Newton) from it") and r.init == "factor closed form"
+    assert r.symmetry_dimension == 0 and r.certificate is not None and r.certificate_seconds > 0
+    assert atk.layer_input_error(r, layer, B, X) < 1e-6
+    if r.status == "certified":
+        assert r.recheck["status"] == "certified"
+    else:
+        assert r.recheck is None and "lambda_min" in r.reason and "M >=" in r.reason
+    skipped = atk.recover_layer_input(B, layer, maxiter=100, certify=False)
+    assert skipped.certificate is None and "not attempted" in skipped.reason
 
 
 def test_deep_layer_unidentifiable_is_uncertified():
@@ -248,12 +281,12 @@ def test_deep_layer_unidentifiable_is_uncertified():
 @pytest.mark.models
 def test_deep_layer_real_model_is_uncertified_below_closed_form(model):
     """Layer 1 with n = 8: d n = 3072 unknowns, 12 n (n - 1) = 672 equations. The fit is close
-    but X is not the true input, and the result says why (no solver at d = 384, underdetermined)."""
+    but X is not the true input, and the result says why (no closed form, no certificate tried)."""
     ids = model.encode("Close the door, please.")
     trace = model.forward(ids)
     r = atk.recover_deep_layer(trace.B[1], model, 1, maxiter=60)
     assert r.identifiability.verdict.startswith("no")
-    assert r.status == "uncertified" and "solver.recover not run" in r.reason
+    assert r.status == "uncertified" and "no closed form" in r.reason and r.certificate is None
     assert r.init == "prior"
     assert r.unknowns == 384 * len(ids) and r.equations == 12 * len(ids) * (len(ids) - 1)
     assert r.residual < 0.05  # from about 1 at the prior

@@ -422,9 +422,11 @@ def scanner_for(model: _minilm.MiniLM) -> Layer0Scanner:
 
 
 # ---- deeper layers: X from the attention maps, through solver.recover ----------------------------
-#: solver.recover computes the instance's symmetry group from a dense (H d^2, d^2) system
-#: (solver.symmetry); above this many bytes the solver is not run and the result is uncertified.
-SOLVER_MEMORY_LIMIT = 2**28
+#: up to this d n, solver.recover starts from the closed form or its own random restarts (the dense
+#: Newton path); above it the start is the closed form polished by log-domain L-BFGS
+SOLVER_START_MAX_DN = 2048
+#: proofs_check.recheck forms the dense (dn, dn) Hessian with jax.hessian: up to this d n only
+RECHECK_MAX_DN = 4096
 
 
 @dataclass(frozen=True, eq=False)
@@ -509,9 +511,11 @@ class AttentionLayer:
         """The multi-head attention problem of ``solver``: all heads' W_h, u_h and maps B_h."""
         return Problem.create(self.W, renormalise(np.asarray(B, np.float64)), u=self.u)
 
-    def solver_memory(self) -> int:
-        """Bytes solver.recover needs for the symmetry system of this layer (H d^4 float64)."""
-        return 8 * self.heads * self.d**4
+    def factors(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(W_q, W_k, d_head)`` with ``W_h = W_q,h^T W_k,h / sqrt(d_head)``: the ``factors`` argument of
+        :func:`solver.symmetry.symmetries` (solver.recover finds them from W itself above d = 64)."""
+        H, dh, d = self.Aq.shape
+        return self.Aq.reshape(H * dh, d), self.Ak.reshape(H * dh, d), dh
 
     def identifiability(self, n: int) -> "Identifiability":
         return Identifiability(n=n, unknowns=self.d * n, equations=self.heads * n * (n - 1),
@@ -651,13 +655,16 @@ class DeepLayerResult:
 
     **Fields**
     - `X`: the recovered input (d x n).
-    - `status`: ``"certified"`` (solver.recover's certificate holds) or ``"uncertified"``.
+    - `status`: ``"certified"`` (solver.recover's certificate holds and proofs_check.recheck
+      recomputed it) or ``"uncertified"``.
+    - `certificate_seconds`: time of the certificate attempt at d n > SOLVER_START_MAX_DN (0 if none).
     - `reason`: why it is uncertified (empty when certified).
     - `init`: how the start was obtained: ``"factor closed form"``, ``"random restarts"``
       (solver.recover's own) or ``"prior"`` (the LayerNorm bias, repeated).
     - `method`: what produced X (``solver.recover`` or the log-domain L-BFGS fallback).
     - `identifiability`: :class:`Identifiability` of the instance (its `verdict`).
     - `certificate`: solver.recover's :class:`~solver.certificate.Certificate`, or None.
+    - `recheck`: what :func:`proofs_check.recheck.recheck` recomputed for a certified result, else None.
     - `symmetry_dimension`: from solver.recover, None when it did not run.
     - `residual`: relative row-centred log-domain residual ``||(S(X) - log B) P|| / ||log B P||``.
     - `unknowns`, `equations`: as in `identifiability`.
@@ -676,6 +683,8 @@ class DeepLayerResult:
     unknowns: int
     equations: int
     seconds: float
+    recheck: dict | None = None
+    certificate_seconds: float = 0.0
 
 
 def log_domain_loss(X, Aq, bq, Ak, L, Wt, X0, lam):
@@ -707,18 +716,22 @@ def log_domain_loss(X, Aq, bq, Ak, L, Wt, X0, lam):
 
 
 def recover_layer_input(B, layer: AttentionLayer, *, gtol: float = 1e-10, seed: int = 0, maxiter: int = 300,
-                        validate: bool = True) -> DeepLayerResult:
+                        validate: bool = True, certify: bool = True) -> DeepLayerResult:
     """Recover the input X (d x n) of ``layer`` from its attention maps B (H, n, n).
 
     1. **initialise**: :func:`factor_closed_form` when n >= 2 d_head + 1 and B > 0;
-    2. **solve and certify**: ``solver.recover`` on :meth:`AttentionLayer.problem` (the
-       multi-head attention loss with u, every head) from that start, or from its own seeded
-       random restarts without one; its certificate is the status;
-    3. where solver.recover cannot run (:data:`SOLVER_MEMORY_LIMIT`; all-MiniLM-L6-v2 with
-       d = 384 needs 2.1e12 bytes), L-BFGS on the row-centred log-domain identity
+    2. small instances (d n <= :data:`SOLVER_START_MAX_DN`, the miniatures): ``solver.recover`` on
+       :meth:`AttentionLayer.problem` (the multi-head attention loss with u, every head) from that
+       start, or from its own seeded random restarts without one;
+    3. larger ones (all-MiniLM-L6-v2, d = 384): L-BFGS on the row-centred log-domain identity
        (:func:`log_domain_loss`) from the closed form, or from the prior (the LayerNorm bias)
-       with a small ridge towards it; always ``uncertified``, with the reason.
+       with a small ridge towards it; then, with ``certify`` and a closed form, ``solver.recover``
+       from that X (its symmetry analysis takes the heads in factored form,
+       :func:`solver.symmetry.factored_algebra`), which certifies or says which constant failed.
 
+    The status is ``certified`` only when solver.recover built a certificate *and*
+    :func:`proofs_check.recheck.recheck` recomputed it (that needs the dense (dn)^2 Hessian:
+    d n <= :data:`RECHECK_MAX_DN`); otherwise ``uncertified``, with the reason.
     Entries of B that are 0 carry no log-domain information: they disable the closed form
     and get weight 0 in the fallback.
     """
@@ -736,19 +749,17 @@ def recover_layer_input(B, layer: AttentionLayer, *, gtol: float = 1e-10, seed: 
     positive = B > 0
     logB = np.log(np.where(positive, B, 1.0))
     Wt = positive.astype(np.float64)
-    if layer.solver_memory() <= SOLVER_MEMORY_LIMIT:
+    cert = recheck = symdim = None
+    cert_seconds = 0.0
+    if d * n <= SOLVER_START_MAX_DN:
         problem = layer.problem(B)
         runs = [recover(problem, X_init=X0, certify=False, validate=validate, gtol=gtol, seed=seed)
                 for X0 in (starts or [None])]
         res = min(runs, key=lambda r: (r.status != "certified", layer_norm_defect(r.X, layer)))
-        X, status, cert, symdim = res.X, res.status, res.certificate, res.symmetry_dimension
-        reason = "" if status == "certified" else cert.reason
+        X, cert, symdim = res.X, res.certificate, res.symmetry_dimension
+        reason = "" if res.status == "certified" else cert.reason
         method = "solver.recover (multi-head attention loss with u, certified Newton)"
     else:
-        reason = (f"solver.recover not run: its symmetry analysis needs the dense (H d^2, d^2) system, "
-                  f"{layer.solver_memory():.1e} bytes at d = {d} (limit {SOLVER_MEMORY_LIMIT:.1e}; its commutant "
-                  f"shortcut needs an invertible W_1, and these heads have rank {layer.d_head}); "
-                  f"log-domain L-BFGS instead, no certificate")
         if not starts:
             init = "prior"
         fits = []
@@ -764,11 +775,37 @@ def recover_layer_input(B, layer: AttentionLayer, *, gtol: float = 1e-10, seed: 
             Xc = opt.x.reshape(d, n) if opt.fun <= fun(prior.ravel())[0] else prior
             fits.append((_log_residual(Xc, layer, logB, Wt), Xc))
         X = fits[0][1] if starts else min(fits, key=lambda c: c[0])[1]  # closed-form starts: LayerNorm order
-        status, cert, symdim = "uncertified", None, None
-        method = "log-domain L-BFGS (solver.recover infeasible at this d)"
+        method = "log-domain L-BFGS"
+        if not starts:
+            reason = (f"no closed form below n = {ident.closed_form_min_n} ({ident.verdict}): L-BFGS from the prior, "
+                      f"no certificate tried")
+        elif not certify:
+            reason = "certificate not attempted (certify=False)"
+        else:
+            t0 = time.perf_counter()
+            res = recover(layer.problem(B), X_init=X, certify=False, validate=validate, gtol=gtol, seed=seed)
+            cert_seconds = time.perf_counter() - t0
+            X, cert, symdim = res.X, res.certificate, res.symmetry_dimension
+            method = "log-domain L-BFGS, then solver.recover (certified Newton) from it"
+            reason = "" if res.status == "certified" else f"solver.recover: {cert.reason}"
+    status = "uncertified"
+    if cert is not None and cert.status == "certified":
+        if d * n > RECHECK_MAX_DN:
+            reason = (f"solver.recover certified (error bound {cert.error_bound:.2e}), but proofs_check.recheck "
+                      f"forms the dense ({d * n}, {d * n}) Hessian and cannot run here (d n <= {RECHECK_MAX_DN})")
+        else:
+            from proofs_check.recheck import recheck as recheck_certificate
+            from solver.errors import CertificateMismatchError
+
+            try:
+                recheck = recheck_certificate(cert, layer.problem(B), X)
+                status = "certified"
+            except CertificateMismatchError as exc:
+                reason = f"solver.recover certified, but proofs_check.recheck rejected it: {exc}"
     return DeepLayerResult(X=X, status=status, reason=reason, init=init, method=method, identifiability=ident,
                            certificate=cert, symmetry_dimension=symdim, residual=_log_residual(X, layer, logB, Wt),
-                           unknowns=ident.unknowns, equations=ident.equations, seconds=time.perf_counter() - start)
+                           unknowns=ident.unknowns, equations=ident.equations, seconds=time.perf_counter() - start,
+                           recheck=recheck, certificate_seconds=cert_seconds)
 
 
 def recover_deep_layer(B, model: _minilm.MiniLM | None = None, layer: int = 1, **kwargs) -> DeepLayerResult:
