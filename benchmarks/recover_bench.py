@@ -2,7 +2,8 @@
 
     python benchmarks/recover_bench.py accuracy [--instances 20] [--sizes 4,8,16,32] [--families two,one,output]
     python benchmarks/recover_bench.py noise    [--instances 20]
-    python benchmarks/recover_bench.py peers    [--instances 10] [--sizes 8,32]   (n = 2d, 2 heads)
+    python benchmarks/recover_bench.py peers    [--instances 10] [--sizes 8,32] [--starts-from algebraic,random]
+                                                (n = 2d, 2 heads)
     python benchmarks/recover_bench.py roots    [--instances 10] [--sizes 4,8] [--starts 12]  (output variant)
 
 Each prints a table and writes JSON under benchmarks/results/. Errors are relative
@@ -152,6 +153,7 @@ def peers(args):
         warnings.simplefilter("ignore", DeprecationWarning)
         import jaxopt
 
+    from solver.newton import History, levenberg_marquardt
     from solver.problem import _KERNELS
 
     loss_k, grad_k = _KERNELS["attention"][0], _KERNELS["attention"][1]
@@ -170,10 +172,13 @@ def peers(args):
             g = lambda v: np.asarray(grad_k(jnp.asarray(v.reshape(d, n)), *a)).ravel()  # noqa: E731
             starts = {"algebraic": algebraic_init(problem) + 1e-3 * rng.normal(size=X.shape),
                       "random": rng.normal(size=X.shape) / d**0.25}
+            starts = {k: v for k, v in starts.items() if k in args.starts_from.split(",")}
             for sname, X0 in starts.items():
                 methods = {
                     "unmask certified Newton": lambda X0=X0: recover(problem, X_init=X0, certify=False,
                                                                      validate=False).X,
+                    # the Newton phase alone, without the final certificate's Hessian eigenvalues
+                    "unmask LM (no certificate)": lambda X0=X0: levenberg_marquardt(problem, X0, History(), 200, 1e-10),
                     "scipy BFGS": lambda X0=X0: so.minimize(f, X0.ravel(), jac=g, method="BFGS",
                                                             options={"gtol": 1e-10, "maxiter": 5000}).x.reshape(d, n),
                     "scipy trust-exact": lambda X0=X0: so.minimize(
@@ -238,6 +243,8 @@ def _adam(grad_k, a, X0, steps=3000, lr=1e-2):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["accuracy", "noise", "peers", "roots"])
+    ap.add_argument("--starts-from", default="algebraic,random",
+                    help="peers: which starts, any of algebraic,random (random starts at (32, 64) take long)")
     ap.add_argument("--starts", type=int, default=12, help="roots: random starts per instance")
     ap.add_argument("--instances", type=int, default=20)
     ap.add_argument("--sizes", default="4,8,16,32")

@@ -102,6 +102,15 @@ def square_output(problem: Problem) -> bool:
             and not np.any(problem.Gamma != 0) and problem.d * problem.n <= DENSE_MAX)
 
 
+def _unwhitened(problem: Problem) -> Problem:
+    """One head with square invertible W_V: the problem with outputs ``B W_V^-1`` and W_V = I."""
+    Wv = problem.W_V[0]
+    if np.linalg.cond(Wv) > 1e8:
+        return problem
+    return Problem.create(problem.W, problem.B[0] @ np.linalg.inv(Wv), u=problem.U if problem.has_bias else None,
+                          W_V=np.eye(problem.d))
+
+
 def _starts(problem: Problem, restarts: int, seed: int):
     rng = np.random.default_rng(seed)
     scale = 1.0 / problem.d**0.25
@@ -149,8 +158,11 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
             init = "random-restarts"
             best = None
             square = square_output(problem)
+            # one square head: LM on 1/2 ||F X^T - B W_V^-1||^2, the same roots without W_V's distortion
+            # of the landscape (twice the starts reach a root at (4, 16)); roots are then polished on B
+            start_problem = _unwhitened(problem) if square and problem.heads == 1 else problem
             for X0 in _starts(problem, restarts, seed):
-                Xc = levenberg_marquardt(problem, X0, History(), 200 if square else 60, gtol)
+                Xc = levenberg_marquardt(start_problem, X0, History(), 200 if square else 60, gtol)
                 if square:  # Newton on O(X) = B, and stop at the first start that ends on a proved root
                     from .roots import kantorovich, polish
 

@@ -31,6 +31,20 @@ def test_recover_writes_x_and_certificate(instance_files, capsys):
     assert not list(tmp.glob("*.part"))  # nothing half-written left behind
 
 
+def test_recover_output_variant_writes_a_kantorovich_certificate(tmp_path, capsys):
+    problem, X = planted_instance(4, 8, 1, variant="output", seed=1)
+    np.save(tmp_path / "W.npy", problem.W)
+    np.save(tmp_path / "O.npy", problem.B)
+    np.save(tmp_path / "Wv.npy", problem.W_V)
+    rc = main(["recover", "--W", str(tmp_path / "W.npy"), "--B", str(tmp_path / "O.npy"), "--W-V",
+               str(tmp_path / "Wv.npy"), "--out", str(tmp_path / "X.npy"), "--certificate", str(tmp_path / "c.json")])
+    assert rc == 0
+    cert = json.loads((tmp_path / "c.json").read_text())
+    assert cert["status"] == "certified" and cert["kind"] == "kantorovich-root"
+    assert cert["fingerprint"] == problem.fingerprint() and cert["error_bound"] < 1e-9
+    assert "Kantorovich" in capsys.readouterr().out
+
+
 def test_recover_bad_inputs(instance_files, capsys):
     tmp, _, _ = instance_files
     rc = main(["recover", "--W", str(tmp / "W.npy"), "--B", str(tmp / "B.npy"), "--out", str(tmp / "missing" / "X.npy")])

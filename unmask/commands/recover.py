@@ -9,7 +9,9 @@ HELP = "recover X from attention weights W (.npy) and attention maps B (.npy)"
 
 def add_arguments(p):
     p.add_argument("--W", required=True, help="(d, d) or (H, d, d) .npy")
-    p.add_argument("--B", required=True, help="(n, n) or (H, n, n) .npy attention maps")
+    p.add_argument("--B", required=True, help="(n, n) or (H, n, n) .npy attention maps; with --W-V the outputs, "
+                                              "(n, d_v) or (H, n, d_v)")
+    p.add_argument("--W-V", dest="W_V", help="value matrices (d, d_v) or (H, d, d_v) .npy: the attention-output variant")
     p.add_argument("--u", help="key bias, (d,) or (H, d) .npy")
     p.add_argument("--reg", type=float, default=0.0, help="regulariser weight gamma (scalar, default 0)")
     p.add_argument("--out", required=True, help="where to write X (.npy, written atomically)")
@@ -30,7 +32,8 @@ def run(args) -> int:
             raise InputFileError(f"output directory of {target} does not exist; create it first")
     t0 = time.perf_counter()
     problem = Problem.create(load_array(args.W, "--W"), load_array(args.B, "--B"),
-                             u=load_array(args.u, "--u") if args.u else None, gamma=args.reg)
+                             u=load_array(args.u, "--u") if args.u else None, gamma=args.reg,
+                             W_V=load_array(args.W_V, "--W-V") if args.W_V else None)
     result = recover(problem, certify=not args.no_certify)
     atomic_save_npy(args.out, result.X)
     if args.certificate:
