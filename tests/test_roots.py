@@ -3,6 +3,8 @@
 import mpmath
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proofs_check.checker import check
 from proofs_check.region import Region
@@ -131,3 +133,20 @@ def test_recover_returns_a_rechecked_root_certificate():
     moved = res.X + 1e-3  # another X: the digest check fires first
     with pytest.raises(CertificateMismatchError):
         recheck(res.certificate, p, moved)
+
+
+@given(d=st.sampled_from([2, 3, 4]), mult=st.sampled_from([2, 4]), bias=st.booleans(), seed=st.integers(0, 10**6))
+@settings(max_examples=4)
+def test_property_output_certificates_always_recheck(d, mult, bias, seed):
+    """A square output system: every certified answer is accepted by recheck; otherwise labelled uncertified."""
+    from proofs_check.recheck import recheck
+    from solver.recover import recover
+
+    p, _ = planted_instance(d, mult * d, heads=1, variant="output", bias=bias, seed=seed)
+    res = recover(p, certify=False, validate=False, restarts=3)
+    if res.status == "certified":  # by the local Newton certificate where lambda_min allows it (small d), else Kantorovich
+        assert recheck(res.certificate, p, res.X)["status"] == "certified"
+        if res.certificate.kind == "kantorovich-root":
+            assert np.linalg.norm(residual(p, res.X)) <= 1e-12 * (1 + np.linalg.norm(p.B))
+    else:
+        assert res.certificate.status == "uncertified" and res.certificate.error_bound is None
