@@ -3,6 +3,8 @@
     python benchmarks/minilm_attack.py --part layer0       # natural + random sentences, layer 0
     python benchmarks/minilm_attack.py --part deep --deep-n 100 --deep-layers 1,2,3,4,5 --instances 3 --no-certify
     python benchmarks/minilm_attack.py --part mini         # the deep-layer pipeline end to end on a miniature
+    python benchmarks/minilm_attack.py --part certify --deep-n 100 --deep-layers 1,3,5 --deep-maps float64,float32 \
+        --maxiter 100                                      # solver.recover's certificate at d = 384
 
 Layer 0: exact token rate, exact sentence rate and seconds per sentence on the project's
 sentence set (unmask.attacks.sentences, 8-31 tokens) and on random-token sequences
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from solver.errors import CertificationError
 from solver.io import atomic_write_json
 from unmask.attacks import minilm as attack
 from unmask.attacks.sentences import SENTENCES
@@ -151,7 +154,8 @@ DEEP_HEADER = (f"{'layer':<6}{'n/i':>7}  {'maps':<8}{'identifiable?':<21}{'init'
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "layer0", "deep", "mini"], default="all")
+    parser.add_argument("--part", choices=["all", "layer0", "deep", "mini", "certify"], default="all",
+                        help="certify: solver.recover(certify=True) at --deep-layers, first --deep-n, --deep-maps")
     parser.add_argument("--random", type=int, default=100, help="random-token sequences (default 100)")
     parser.add_argument("--deep-n", default="12,48,100,400", help="input lengths at layers 1-5")
     parser.add_argument("--instances", type=int, default=1, help="inputs per (layer, n) cell at layers 1-5 (default 1)")
@@ -206,6 +210,37 @@ def main(argv=None) -> int:
 
         deep(model, deep_sequences(model, sizes, 1, args.instances), layers, args.maxiter,
              tuple(args.deep_maps.split(",")), save, certify=not args.no_certify)
+    if args.part == "certify":
+        # solver.recover's certificate at d = 384 from the closed form + polish, one input per (layer, maps)
+        from solver.recover import hessian_lipschitz_on, recover
+
+        n = int(args.deep_n.split(",")[0])
+        _, ids = deep_sequences(model, [n], 1)[0]
+        cell = results.setdefault("deep_certificate", {"n": n, "rows": []})
+        print(f"\nsolver.recover(certify=True) at d = 384, n = {n}, from the closed form + {args.maxiter} L-BFGS steps")
+        for layer in (int(v) for v in args.deep_layers.split(",")):
+            params = attack.AttentionLayer.of_model(model, layer)
+            for dtype in args.deep_maps.split(","):
+                trace = model.forward(ids, dtype=dtype)
+                X = trace.X[layer].astype(np.float64)
+                polished = attack.recover_deep_layer(trace.B[layer], model, layer, maxiter=args.maxiter, certify=False)
+                problem = params.problem(attack.check_attention(trace.B[layer]))
+                row = {"layer": layer, "n": n, "maps": dtype,
+                       "polish_relative_error": float(np.linalg.norm(polished.X - X) / np.linalg.norm(X)),
+                       "grad_at_true_input": float(np.linalg.norm(problem.grad(X))),
+                       "M0_at_true_input": hessian_lipschitz_on(problem, X, 0.0)}
+                t0 = time.time()
+                try:
+                    res = recover(problem, X_init=polished.X, certify=True)
+                    err = float(np.linalg.norm(res.X - X))
+                    row.update(status=res.status, error_bound=res.certificate.error_bound, actual_error=err,
+                               relative_error=err / float(np.linalg.norm(X)))
+                except CertificationError as exc:
+                    row.update(status="refused", reason=str(exc))
+                row["seconds"] = time.time() - t0
+                print(json.dumps(row), flush=True)
+                cell["rows"] = [q for q in cell["rows"] if (q["layer"], q["maps"]) != (layer, dtype)] + [row]
+                atomic_write_json(args.out, results)
     if args.part in ("all", "mini"):
         # the same pipeline through solver.recover, on a miniature of the layer (d = 8, 4 heads of 2)
         print("\nMiniature layer (d = 8, 4 heads of 2, LayerNorm input, q bias), solver.recover end to end")
