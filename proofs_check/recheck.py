@@ -91,6 +91,19 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         tol = 0.1 if key == "grad_norm" else rtol
         if abs(mine - theirs) > tol * scale + (1e-13 if key == "grad_norm" else 0):
             raise CertificateMismatchError(f"{key}: recomputed {mine:.6e}, certificate says {theirs:.6e}")
+    if cert.constants.get("gradient") == "arb":
+        # the certificate's ||grad|| is a ball-arithmetic upper bound: recompute it (with this recheck's
+        # own orbit basis) and require the theorem's m r > ||grad|| with no safety factor
+        from .rigorous import gradient_norm_upper
+
+        g_up = gradient_norm_upper(problem, X, Q if T.shape[1] else None)
+        if not (m > 0 and m * r > g_up):
+            raise CertificateMismatchError(
+                f"radius inequality fails on recomputation: m = {m:.3e}, r = {r:.3e}, ||grad|| (ball bound) = {g_up:.3e}")
+        if cert.error_bound < g_up / m * (1 - 1e-6):
+            raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {g_up / m:.3e}")
+        return {"status": "certified", "lambda_min": float(ev[0]), "M": M, "m": m, "radius": r, "grad_norm": g_up,
+                "error_bound": g_up / m, "gradient": "arb"}
     g_safe = max(gn, cert.grad_norm)
     if not (m > 0 and r >= 2 * g_safe / m):
         raise CertificateMismatchError(

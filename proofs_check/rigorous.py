@@ -57,6 +57,57 @@ def hvp_generic(X, V, W, u, B, Gamma2, exp):
             + u[:, None] @ (np.ones((1, n), dtype=ones.dtype) @ dG) + Gamma2 * V)
 
 
+def grad_generic(X, W, u, B, exp):
+    """Gradient of ``1/2 ||softmax(X^T W X + 1 u^T X) - B||^2`` (one head) with +, *, @ and ``exp``
+    only (floats or arb balls): ``W X G^T + W^T X G + u 1^T G``, ``G = F o R - F o rowsum(F o R)``."""
+    n = X.shape[1]
+    ones = np.ones((n, 1), dtype=object if X.dtype == object else float)
+    S = X.T @ W @ X + ones @ (u[None, :] @ X)
+    E = exp(S)
+    F = E / _rowsum(E)
+    FR = F * (F - B)
+    G = FR - F * _rowsum(FR)
+    return W @ X @ G.T + W.T @ X @ G + u[:, None] @ (np.ones((1, n), dtype=ones.dtype) @ G)
+
+
+def gradient_enclosure(problem, X) -> tuple[np.ndarray, np.ndarray]:
+    """Midpoints and radii (d, n) of arb balls containing every entry of the exact gradient of the
+    attention-matrix loss (all heads and the regulariser) at the float64 point X."""
+    from solver.problem import ATTENTION
+
+    if problem.variant != ATTENTION:
+        raise ValueError("gradient_enclosure is for the attention-matrix loss")
+    prec = flint.ctx.prec
+    flint.ctx.prec = 128  # float64 data are exact in arb; 128 bits keep the balls far below float64's rounding
+    try:
+        Xa = _arb_array(X)
+        total = _arb_array(problem.Gamma**2) * (Xa - _arb_array(problem.X0))
+        for h in range(problem.heads):
+            total = total + grad_generic(Xa, _arb_array(problem.W[h]), _arb_array(problem.U[h]),
+                                         _arb_array(problem.B[h]), _arb_exp)
+        mid = np.array([[float(v.mid()) for v in row] for row in total])
+        rad = np.array([[float(v.rad()) for v in row] for row in total])
+    finally:
+        flint.ctx.prec = prec
+    # the midpoint's conversion to float64 rounds: widen by one ulp of it
+    return mid, rad + np.spacing(np.abs(mid))
+
+
+def gradient_norm_upper(problem, X, Q=None) -> float:
+    """Rigorous upper bound on ``||(I - Q Q^T) grad L(X)||`` (Q: orthonormal columns, (dn, k), or None).
+
+    ``||(I - QQ^T)(m + e)|| <= ||(I - QQ^T) m|| + ||e||`` for ``|e| <= rad`` entrywise (an orthogonal
+    projector has norm 1); the float64 evaluation of the first term is widened by ``4 dn eps`` of
+    ``||m||`` for its rounding and for Q being orthonormal only to rounding.
+    """
+    mid, rad = gradient_enclosure(problem, X)
+    m = mid.reshape(-1)
+    if Q is not None and Q.shape[1]:
+        m = m - Q @ (Q.T @ m)
+    eps = np.finfo(np.float64).eps
+    return float(np.linalg.norm(m) + np.linalg.norm(rad) + 4 * m.size * eps * np.linalg.norm(mid))
+
+
 def _arb_exp(A):
     out = np.empty(A.shape, dtype=object)
     for idx in np.ndindex(A.shape):

@@ -5,9 +5,11 @@ on the slice through X orthogonal to the symmetry orbit when the orbit has
 positive dimension) the loss is m-strongly convex with an M-Lipschitz
 Hessian (M from the lemma on the region holding the ball, validated by the
 checker), so L has exactly one critical point X* there, it is a strict local
-minimiser, and ``||X - X*||_F <= error_bound = 2 ||grad L(X)|| / m`` (the factor 2
-covers rounding-level differences between gradient evaluations, so an
-independent recheck reproduces the bound).
+minimiser, and ``||X - X*||_F <= error_bound = ||grad L(X)|| / m``, with ||grad L(X)|| a
+rigorous upper bound from ball arithmetic (attention maps, dn <= 20000; ``constants["gradient"]
+== "arb"``), else ``2 ||grad L(X)|| / m`` with the float64 gradient (the factor 2 covers
+rounding-level differences between gradient evaluations, so an independent recheck
+reproduces the bound).
 
 A ``kantorovich-root`` certificate (the square attention-output system, where the local
 Newton certificate is out of reach: lambda_min = s_min(J)^2 is tiny) states instead: an exact
@@ -30,7 +32,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .newton import LocalConstants, _project_out, extreme_eigenvalues, local_constants
-from .problem import Problem
+from .problem import ATTENTION, Problem
+
+RIGOROUS_GRADIENT_MAX = 20000  # dn up to which the gradient norm is bounded in ball arithmetic (about 1 s at 2048)
 
 
 def array_digest(X) -> str:
@@ -90,16 +94,28 @@ class Certificate:
                 f"symmetry dimension {self.symmetry_dimension}")
 
 
+def gradient_safety(problem: Problem) -> float:
+    """1 where the final gradient norm is bounded in ball arithmetic (attention maps, dn <= 20000), else 2."""
+    return 1.0 if problem.variant == ATTENTION and problem.d * problem.n <= RIGOROUS_GRADIENT_MAX else 2.0
+
+
 def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, float, float]:
     """Local constants at X (fresh evaluation), the off-orbit gradient norm and lambda_min."""
     from .recover import hessian_lipschitz_on
 
     gn = float(np.linalg.norm(_project_out(np.asarray(problem.grad(X), np.float64).reshape(-1), T)))
-    # local_constants needs lambda_min^2 > 8 M(r) (2 ||grad||) >= 16 M(0) ||grad||: below that floor the
+    safety = gradient_safety(problem)
+    if safety == 1.0:
+        # a rigorous upper bound on the gradient (ball arithmetic) needs no safety factor: 4x less
+        # demanding than twice a float64 value at the rounding floor, twice over
+        from proofs_check.rigorous import gradient_norm_upper
+
+        gn, safety = gradient_norm_upper(problem, X, T), 1.0
+    # local_constants needs lambda_min^2 > 4 s^2 M(r) ||grad|| >= 4 s^2 M(0) ||grad||: below that floor the
     # matrix-free lambda_min may stop early (it returns an upper bound, and the certificate fails as it must)
-    floor = math.sqrt(16.0 * hessian_lipschitz_on(problem, X, 0.0) * gn)
+    floor = math.sqrt(4.0 * safety**2 * hessian_lipschitz_on(problem, X, 0.0) * gn)
     lam0, lam_max, margin = extreme_eigenvalues(problem, X, T, stop_below=floor)
-    consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r))
+    consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r), safety=safety)
     return consts, gn, lam0
 
 
@@ -129,9 +145,10 @@ def build_certificate(problem: Problem, X, consts_run: LocalConstants | None, sy
     return Certificate(
         status="certified", fingerprint=problem.fingerprint(), X_digest=array_digest(X),
         symmetry_dimension=sym.dimension, sign_flip=sym.sign_flip, loss=loss, grad_norm=gn,
-        error_bound=2 * gn / consts.m, radius=consts.radius,
+        error_bound=consts.safety * gn / consts.m, radius=consts.radius,
         constants={"lambda_min": consts.lambda0, "lambda_max": consts.lambda_max, "margin": consts.margin,
                    "M": consts.M, "m": consts.m, "L_g": consts.L_g, "eta": consts.eta,
+                   "gradient": "arb" if consts.safety == 1.0 else "float64",
                    "self_concordance": consts.M / (2 * consts.m**1.5)},
         region=region.as_dict(), validation=validation, iterations=iterations, iteration_bound=bound,
         uniqueness=("unique critical point of L in the ball B(X, radius)" if not sym.dimension else

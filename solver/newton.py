@@ -317,6 +317,7 @@ class LocalConstants:
     L_g: float
     grad_norm: float
     margin: float
+    safety: float = 2.0  # r >= safety * g / m with g = safety * ||grad||; 1 when ||grad|| is a rigorous bound
 
     @property
     def eta(self) -> float:
@@ -338,26 +339,28 @@ def quadratic_bound(c: LocalConstants, gtol: float) -> int:
     return max(1, math.ceil(math.log2(math.log2(q_tol) / math.log2(0.5))))
 
 
-def local_constants(lambda0, lambda_max, margin, grad_norm, M_of_radius) -> LocalConstants | None:
-    """Smallest radius r with r >= 2 g / (lambda0 - M(r) r); None when impossible.
+def local_constants(lambda0, lambda_max, margin, grad_norm, M_of_radius, safety: float = 2.0) -> LocalConstants | None:
+    """Smallest radius r with r >= s g / (lambda0 - M(r) r), g = s ||grad||; None when impossible.
 
     ``M_of_radius(r)`` is the Hessian-Lipschitz constant on the region of radius r
-    (non-decreasing in r). Solved by fixed-point iteration on r.
+    (non-decreasing in r). Solved by fixed-point iteration on r. The theorem needs only
+    ``m r > ||grad||`` (m-strong convexity on the ball puts the unique critical point within
+    ||grad|| / m); the safety factor s = 2 (twice, on g and on the radius) covers a float64
+    gradient at the rounding floor, which another code path evaluates differently. With a
+    rigorous upper bound on ||grad|| (ball arithmetic) s = 1.
     """
     lam = lambda0 - margin
     if lam <= 0:
         return None
-    # twice the measured gradient: another code path (or summation order) evaluates the gradient
-    # at the rounding floor differently; the certificate must survive an independent recheck
-    g = 2 * grad_norm + 1e-300
-    r = 2 * g / lam
+    g = safety * grad_norm + 1e-300
+    r = safety * g / lam
     for _ in range(100):
         M = M_of_radius(r)
-        disc = lam * lam - 8 * M * g
+        disc = lam * lam - 4 * safety * M * g
         if disc < 0:
             return None
-        r_new = (lam - math.sqrt(disc)) / (2 * M) if M > 0 else 2 * g / lam
-        r_new = max(r_new, 2 * g / lam)
+        r_new = (lam - math.sqrt(disc)) / (2 * M) if M > 0 else safety * g / lam
+        r_new = max(r_new, safety * g / lam)
         if abs(r_new - r) <= 1e-12 * r:
             r = r_new
             break
@@ -366,10 +369,10 @@ def local_constants(lambda0, lambda_max, margin, grad_norm, M_of_radius) -> Loca
     r *= 1 + 1e-6
     M = M_of_radius(r)
     m = lam - M * r
-    if m <= 0 or r < 2 * g / m:
+    if m <= 0 or r < safety * g / m:
         return None
     return LocalConstants(lambda0=lambda0, lambda_max=lambda_max, M=M, radius=r, m=m,
-                          L_g=lambda_max + margin + M * r, grad_norm=grad_norm, margin=margin)
+                          L_g=lambda_max + margin + M * r, grad_norm=grad_norm, margin=margin, safety=safety)
 
 
 def certified_newton(problem: Problem, X, consts: LocalConstants, history: History, gtol: float, T=None,

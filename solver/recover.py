@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .certificate import Certificate, build_certificate, final_constants
+from .certificate import Certificate, build_certificate, final_constants, gradient_safety
 from .errors import CertificationError
 from .newton import DENSE_MAX, History, certified_newton, levenberg_marquardt
 from .problem import ATTENTION, OUTPUT, Problem
@@ -210,10 +210,11 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                           symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
     if consts is None:
         M0 = hessian_lipschitz_on(problem, X, 0.0)  # the lemma's M at radius 0: a lower bound of the M used
+        k = 4 * gradient_safety(problem) ** 2  # lambda_min^2 > 4 s^2 M ||grad|| (solver.newton.local_constants)
         reason = (f"lambda_min <= {lam0:.3e} at the iterate (off the {sym.dimension}-dimensional orbit), "
-                  f"gradient norm {gn:.3e}, Hessian-Lipschitz bound M >= {M0:.3e}: lambda_min^2 < 16 M ||grad|| or "
-                  f"lambda_min <= 0; it would take ||grad|| <= lambda_min^2 / (16 M) = {max(lam0, 0.0)**2 / (16 * M0):.1e}, "
-                  + (f"or an M {16 * M0 * gn / lam0**2:.1e} times smaller" if lam0 > 1e-150 else
+                  f"gradient norm {gn:.3e}, Hessian-Lipschitz bound M >= {M0:.3e}: lambda_min^2 < {k:g} M ||grad|| or "
+                  f"lambda_min <= 0; it would take ||grad|| <= lambda_min^2 / ({k:g} M) = {max(lam0, 0.0)**2 / (k * M0):.1e}, "
+                  + (f"or an M {k * M0 * gn / lam0**2:.1e} times smaller" if lam0 > 1e-150 else
                      "and no M can help while lambda_min <= 0"))
         if validation is not None and validation["status"] != "OK":
             reason = f"the checker's validation of the M lemma failed on the region: {validation}"

@@ -32,8 +32,9 @@ def _plot(history, path, certificate=None):
     c = certificate.constants if certificate is not None and certificate.constants else None
     if c:
         # the local certificate needs lambda_min^2 >= 8 M (2 ||grad||): it cannot start above this level
-        level = c["lambda_min"] ** 2 / (16 * c["M"])
-        ax.axhline(level, color="tab:green", ls="--", lw=1, label=f"certifiable below lambda^2/(16M) = {level:.1e}")
+        k = 4 if c.get("gradient") == "arb" else 16  # lambda^2 > 4 s^2 M ||grad||, s = 1 with a ball-arithmetic gradient
+        level = c["lambda_min"] ** 2 / (k * c["M"])
+        ax.axhline(level, color="tab:green", ls="--", lw=1, label=f"certifiable below lambda^2/({k}M) = {level:.1e}")
     ax.set_xlabel("iteration")
     ax.set_ylabel("||grad L|| (before the step)")
     ax.set_title("Newton from a perturbed start: phases")
