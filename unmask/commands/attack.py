@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--text", help="demonstration: compute the maps of this text, then attack them")
     src.add_argument("--attention", metavar="B.npy", help="observed attention maps of one layer, shape (12, n, n)")
     parser.add_argument("--layer", type=int, default=0, help="the layer the maps come from (0..5; default 0)")
+    parser.add_argument("--try-certificate", action="store_true",
+                        help="layers 1-5: also run solver.recover's certificate (7-14 min at n = 100; refused so far)")
     parser.add_argument("--beam", type=int, default=1, help="layer 0: prefixes kept per position (default 1)")
     parser.add_argument(
         "--weight-power", default="auto",
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             "seconds": result.seconds,
         }
     else:
-        result = attack.recover_deep_layer(B, model, args.layer)
+        result = attack.recover_deep_layer(B, model, args.layer, certify=args.try_certificate)
         recovered, ids = None, None
         record = {
             "model": "all-MiniLM-L6-v2",
