@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -59,6 +60,35 @@ def test_readout_first_batch_resolves_layer_1(model):
     assert r.exact
     first = sipit_mod.GradientPolicy().first
     assert sum(c == first for c in r.candidates_per_position) >= 4, r.candidates_per_position
+
+
+def test_linear_fit_matches_a_direct_ridge_solve():
+    """Running sums in two batches give the centred ridge solution toward the prior; a huge
+    ridge returns the prior, no ridge the least-squares fit."""
+    rng = np.random.default_rng(0)
+    X, B_true = rng.standard_normal((300, 6)), rng.standard_normal((6, 4))
+    Y = 2.0 + X @ B_true + 0.01 * rng.standard_normal((300, 4))
+    prior = rng.standard_normal((6, 4))
+    fit = sipit_mod._LinearFit(6, 4).add(X[:100], Y[:100]).add(X[100:], Y[100:])
+    Xc, Yc = X - X.mean(0), Y - Y.mean(0)
+    for lam in (0.0, 3.0, 1e12):
+        a, B = fit.solve(prior, lam)
+        direct = np.linalg.solve(Xc.T @ Xc + lam * np.eye(6), Xc.T @ Yc + lam * prior)
+        np.testing.assert_allclose(B, direct, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(a, Y.mean(0) - X.mean(0) @ B, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(fit.solve(prior, 1e12)[1], prior, atol=1e-6)
+    np.testing.assert_allclose(fit.solve(prior, 0.0)[1], B_true, atol=1e-2)
+
+
+def test_secant_stage_resolves_what_the_first_batch_misses(model):
+    """First batch of 8, no Newton steps: positions the read-out misses go to the secant
+    ranking, which must find the token within its first two rounds (256 each)."""
+    ids = _random_prompt(31, 6, model)
+    H = np.asarray(model.layer_states(ids, 2))
+    pol = sipit_mod.GradientPolicy(first=8, newton_steps=0)
+    r = sipit_mod.sipit(model, H, 2, original=ids, policy=pol)
+    assert r.exact
+    assert max(r.candidates_per_position) <= 8 + 2 * 256, r.candidates_per_position
 
 
 def test_gradient_policy_without_readout_recovers_exactly(model):
@@ -124,6 +154,47 @@ def test_noise_below_half_delta_on_a_candidate_subset(model):
     cands = np.random.default_rng(0).choice(model.embedding_classes()[0], 2048, replace=False)
     ids = cands[[7]].astype(np.int32)
     _noise_experiment(model, 1, cands, ids)
+
+
+@pytest.mark.slow
+def test_secant_ranking_beats_the_readout_at_layer_8(model):
+    """At layer 8 (small read-out), position 3 of a random prompt: the read-out's nearest
+    embeddings rank the true token past 10^4, the secant model fitted to the first batch's 64
+    states puts it in the first secant batch of 256."""
+    layer, t = 8, 3
+    ctx = sipit_mod._context(model, layer)
+    saved = ctx._readout
+    ctx._readout = sipit_mod.fit_readout(model, layer, n_prompts=24, n_single=256)
+    try:
+        ids = np.random.default_rng(0).choice(model.embedding_classes()[0], 6).astype(np.int32)
+        H = np.asarray(model.layer_states(ids, layer))
+        ck, cv = model.empty_cache(layer, 32)
+        for s in range(t):
+            _, k, v = ctx.verify(ctx.w, ck, cv, jnp.int32(s), jnp.asarray(ids[s : s + 1]), jnp.asarray(H[s]))
+            ck, cv = ck.at[:, s].set(k[:, 0]), cv.at[:, s].set(v[:, 0])
+        target = jnp.asarray(H[t])
+        e0 = ctx.readout().predict(H[t], t)
+        dist = np.sum((np.asarray(model.weights.embed) - e0) ** 2, axis=1)
+        assert int((dist < dist[ids[t]]).sum()) > 10_000
+        visited = np.zeros(model.config.vocab_size, dtype=bool)
+        gen = sipit_mod.GradientPolicy(first=64, newton_steps=0).proposals(ctx, ck, cv, t, target, visited)
+        first = next(gen)
+        visited[first] = True
+        assert ids[t] not in first
+        _, h, _, _ = ctx.verify_states(ctx.w, ck, cv, jnp.int32(t), jnp.asarray(first), target)
+        secant = gen.send((first, np.asarray(h)))
+        assert len(secant) == 256 and ids[t] in secant
+    finally:
+        ctx._readout = saved
+
+
+@pytest.mark.slow
+def test_default_policy_recovers_a_prompt_at_layer_30(model):
+    ids = model.encode("The old bridge was closed")
+    H = np.asarray(model.layer_states(ids, 30))
+    r = sipit_mod.sipit(model, H, 30, original=ids)
+    assert r.complete and r.exact, (r.recovered, ids.tolist())
+    assert all(d <= e for d, e in zip(r.distances, r.eps))
 
 
 @pytest.mark.slow
