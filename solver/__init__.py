@@ -5,7 +5,16 @@ certificates are float64 work, and without the flag JAX would silently
 compute float64 inputs in float32. float32 problems stay float32.
 """
 
-import jax
+import os
+
+# XLA's multi-threaded Eigen on the CPU deadlocks in the checker's vmapped adversarial ascent at
+# dn = 2048 (every thread in futex_wait, 0% CPU for 30 minutes, reproduced; with the flag off the
+# same validation finishes in 32 s). It is read when the CPU backend starts, so it is set here,
+# before any computation; a flag the user already set is kept.
+if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+
+import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
