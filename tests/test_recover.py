@@ -49,6 +49,10 @@ def test_recheck_rejects_other_instances_and_tampering():
     with pytest.raises(CertificateMismatchError, match="M"):
         recheck(forged, problem, result.X)
     forged = json.loads(json.dumps(result.certificate.as_dict()))
+    forged["constants"]["lambda_min"] *= 1.01  # a lower bound above the true lambda_min
+    with pytest.raises(CertificateMismatchError, match="lambda_min"):
+        recheck(forged, problem, result.X)
+    forged = json.loads(json.dumps(result.certificate.as_dict()))
     forged["error_bound"] /= 10
     with pytest.raises(CertificateMismatchError, match="error bound"):
         recheck(forged, problem, result.X)
