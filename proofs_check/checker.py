@@ -33,6 +33,7 @@ from solver import _generated as gen
 from solver.io import atomic_save_npz
 from solver.problem import ATTENTION
 
+from . import reference as ref
 from .region import Region
 
 RATIO_TOL = 1e-9  # float64 rounding in the quantities is far below this
@@ -121,12 +122,6 @@ def _S(inst, X):
     return X.T @ inst["W"][0] @ X + (inst["U"][0] @ X)[None, :]
 
 
-def _outputs(inst, X):
-    """Every head's attention output F_h X^T W_V,h, stacked: (H, n, d_v)."""
-    S = jnp.einsum("an,hab,bm->hnm", X, inst["W"], X) + (inst["U"] @ X)[:, None, :]
-    return jnp.einsum("hnm,am,hav->hnv", jax.nn.softmax(S, axis=-1), X, inst["Wv"])
-
-
 def _softmax_derivs(s, a):
     f = lambda t: jax.nn.softmax(s + t * a)  # noqa: E731
     d1 = jax.jvp(f, (0.0,), (1.0,))[1]
@@ -168,7 +163,7 @@ def quantity(region: Region, name: str, inst: dict, exact: bool):
         k = {"softmax_jacobian": 1, "softmax_second": 2, "softmax_third": 3}[base]
         return jnp.sqrt(jnp.sum((d1, d2, d3)[k - 1] ** 2)) / an**k
     if name == "output_map_curvature":
-        d2 = jax.jvp(lambda t: jax.jvp(lambda r: _outputs(inst, X + r * V), (t,), (1.0,))[1], (0.0,), (1.0,))[1]
+        d2 = jax.jvp(lambda t: jax.jvp(lambda r: ref.outputs(X + r * V, inst["W"], inst["U"], inst["Wv"]), (t,), (1.0,))[1], (0.0,), (1.0,))[1]
         return jnp.sqrt(jnp.sum(d2 * d2)) / vn**2
     if base == "gradient_bound":
         return jnp.sqrt(jnp.sum(grad(X, *_loss_args(region, inst, reg=False)) ** 2))

@@ -143,11 +143,7 @@ def _recheck_root(cert: Certificate, problem: Problem, X: np.ndarray, rtol: floa
 
     d, n = X.shape
     W, U, Wv = (jnp.asarray(a, jnp.float64) for a in (problem.W, problem.U, problem.W_V))
-
-    def outputs(Z):
-        return jnp.stack([ref.attention(Z, W[h], U[h]) @ Z.T @ Wv[h] for h in range(problem.heads)])
-
-    J = np.asarray(jax.jacfwd(outputs)(jnp.asarray(X))).reshape(-1, d * n)
+    J = np.asarray(jax.jacfwd(lambda Z: ref.outputs(Z, W, U, Wv))(jnp.asarray(X))).reshape(-1, d * n)
     if J.shape[0] != d * n:
         raise CertificateMismatchError(f"a Kantorovich root certificate needs a square system; this one is {J.shape}")
     s = np.linalg.svd(J, compute_uv=False)

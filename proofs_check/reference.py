@@ -34,6 +34,11 @@ def attention_loss(X, W, U, B, Gamma, X0):
     return total
 
 
+def outputs(X, W, U, Wv):
+    """Every head's attention output ``F_h(X) X^T Wv_h``, stacked: (H, n, dv)."""
+    return jnp.stack([attention(X, W[h], U[h]) @ X.T @ Wv[h] for h in range(W.shape[0])])
+
+
 def output_loss(X, W, U, Wv, B, Gamma, X0):
     """sum_h 1/2 ||F_h(X) X^T Wv_h - B_h||_F^2 + regulariser; Wv (H,d,dv), B (H,n,dv)."""
     total = regulariser_loss(X, Gamma, X0)

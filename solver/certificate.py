@@ -110,7 +110,7 @@ def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, floa
         # demanding than twice a float64 value at the rounding floor, twice over
         from proofs_check.rigorous import gradient_norm_upper
 
-        gn, safety = gradient_norm_upper(problem, X, T), 1.0
+        gn = gradient_norm_upper(problem, X, T)
     # local_constants needs lambda_min^2 > 4 s^2 M(r) ||grad|| >= 4 s^2 M(0) ||grad||: below that floor the
     # matrix-free lambda_min may stop early (it returns an upper bound, and the certificate fails as it must)
     floor = math.sqrt(4.0 * safety**2 * hessian_lipschitz_on(problem, X, 0.0) * gn)
