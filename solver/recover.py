@@ -4,8 +4,11 @@ Pipeline (one way, in order):
 
 1. **initialise**: the closed form of :mod:`solver.algebraic` (attention maps,
    n > d, positive B, two heads); otherwise ``restarts`` seeded random starts.
-2. **globalise** (uncertified, labelled ``uncertified-lm`` in the history):
-   Levenberg-Marquardt Newton until the local certificate can be set up.
+2. **globalise** (uncertified): for attention maps with positive entries and no continuous
+   symmetry, first Levenberg-Marquardt (Gauss-Newton-CG) on the log-domain loss (:mod:`solver.logdomain`, one compiled
+   loop, labelled ``uncertified-log-gauss-newton``; kept only when it lowers the problem's loss),
+   then Levenberg-Marquardt Newton on the problem's loss (``uncertified-lm``) until the local
+   certificate can be set up.
 3. **certify the region**: lambda_min / lambda_max of the Hessian at the
    iterate (on the complement of the symmetry orbit), the Hessian-Lipschitz
    constant M of the lemma on the region, validated by the checker on random
@@ -111,6 +114,29 @@ def _unwhitened(problem: Problem) -> Problem:
                           W_V=np.eye(problem.d))
 
 
+def _log_phase(problem: Problem, X: np.ndarray, sym, gtol: float, history: History | None,
+               max_iter: int = 200) -> np.ndarray:
+    """The log-domain Gauss-Newton phase where it applies; its X only if it lowers the problem's loss.
+
+    Not run with a continuous symmetry group (one head): the log loss is flat along the orbit and
+    its iterates drift along it, which the orbit-projected LM does not.
+    """
+    from .logdomain import applies, log_gauss_newton
+
+    if sym.dimension or not applies(problem):
+        return X
+    Xl, info = log_gauss_newton(problem, X, gtol=gtol, max_iter=max_iter)
+    f0, fl = float(problem.loss(X)), float(problem.loss(Xl))
+    if not fl < f0:
+        return X
+    if history is not None:
+        # one record for the compiled loop: loss and ||grad|| of the problem's loss at its end;
+        # newton_decrement is not formed there (0), step_size 1 (LM steps, accepted on decrease)
+        history.add(regime="uncertified-log-gauss-newton", loss=fl, grad_norm=info.grad_norm, newton_decrement=0.0,
+                    step_size=1.0)
+    return Xl
+
+
 def _starts(problem: Problem, restarts: int, seed: int):
     rng = np.random.default_rng(seed)
     scale = 1.0 / problem.d**0.25
@@ -162,6 +188,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
             # of the landscape (twice the starts reach a root at (4, 16)); roots are then polished on B
             start_problem = _unwhitened(problem) if square and problem.heads == 1 else problem
             for X0 in _starts(problem, restarts, seed):
+                X0 = _log_phase(start_problem, X0, sym, gtol, None)
                 Xc = levenberg_marquardt(start_problem, X0, History(), 200 if square else 60, gtol)
                 if square:  # Newton on O(X) = B, and stop at the first start that ends on a proved root
                     from .roots import kantorovich, polish
@@ -174,6 +201,8 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                 if best is None or f < best[0]:
                     best = (f, Xc)
             X = best[1]
+
+    X = _log_phase(problem, X, sym, gtol, history)
 
     def orbit(Xc):
         from .newton import _orthonormal

@@ -24,7 +24,8 @@ def _plot(history, path, certificate=None):
     from solver.io import save_figure
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    colours = {"uncertified-lm": "tab:gray", "certified-damped": "tab:orange", "certified-quadratic": "tab:blue"}
+    colours = {"uncertified-log-gauss-newton": "tab:purple", "uncertified-lm": "tab:gray",
+               "certified-damped": "tab:orange", "certified-quadratic": "tab:blue"}
     for regime, colour in colours.items():
         pts = [(s["iteration"], s["grad_norm"]) for s in history if s["regime"] == regime]
         if pts:
