@@ -13,6 +13,7 @@ distances to the planted X's orbit under the instance's symmetry group (float64)
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import warnings
 
@@ -153,12 +154,15 @@ def peers(args):
         warnings.simplefilter("ignore", DeprecationWarning)
         import jaxopt
 
+    from solver.logdomain import log_loss, log_gauss_newton
     from solver.newton import History, levenberg_marquardt
     from solver.problem import _KERNELS
 
     loss_k, grad_k = _KERNELS["attention"][0], _KERNELS["attention"][1]
     lbfgs = jaxopt.LBFGS(fun=loss_k, tol=1e-10, maxiter=5000)
     lbfgs_run = jax.jit(lbfgs.run)
+    # stops on the log loss's own gradient; its rows are judged, like every method's, on the problem's loss
+    lbfgs_log_run = jax.jit(jaxopt.LBFGS(fun=log_loss, tol=1e-12, maxiter=5000).run)
     rows = []
     for d in [int(v) for v in args.sizes.split(",")]:
         n, H = 2 * d, 2
@@ -177,7 +181,10 @@ def peers(args):
                 methods = {
                     "unmask certified Newton": lambda X0=X0: recover(problem, X_init=X0, certify=False,
                                                                      validate=False).X,
-                    # the Newton phase alone, without the final certificate's Hessian eigenvalues
+                    # the Newton phases alone, without the final certificate's Hessian eigenvalues:
+                    # recover's first phase (log-domain Gauss-Newton-CG, one compiled loop), and LM on the
+                    # problem's own loss (dense Hessian and Cholesky up to dn = 2048)
+                    "unmask log Gauss-Newton-CG": lambda X0=X0: log_gauss_newton(problem, X0, gtol=1e-10)[0],
                     "unmask LM (no certificate)": lambda X0=X0: levenberg_marquardt(problem, X0, History(), 200, 1e-10),
                     "scipy BFGS": lambda X0=X0: so.minimize(f, X0.ravel(), jac=g, method="BFGS",
                                                             options={"gtol": 1e-10, "maxiter": 5000}).x.reshape(d, n),
@@ -186,14 +193,24 @@ def peers(args):
                         hess=lambda v: np.asarray(problem.hessian(v.reshape(d, n))),
                         options={"gtol": 1e-10, "maxiter": 500}).x.reshape(d, n),
                     "jaxopt LBFGS": lambda X0=X0: lbfgs_run(jnp.asarray(X0), *a).params,
+                    # the same reformulation given to the fastest peer: separates what the log-domain
+                    # loss buys from what Gauss-Newton-CG buys
+                    "jaxopt LBFGS (log loss)": lambda X0=X0: lbfgs_log_run(jnp.asarray(X0), *a).params,
                     "optax adam": lambda X0=X0: _adam(grad_k, a, X0),
                 }
                 if d * n > 1024:
                     methods.pop("scipy trust-exact")
+                methods = {k: v for k, v in methods.items()
+                           if not args.methods or any(m.strip().lower() in k.lower() for m in args.methods.split(","))}
                 for mname, run in methods.items():
-                    t = time.perf_counter()
-                    Xr = np.asarray(jax.block_until_ready(run()))
-                    dt = time.perf_counter() - t
+                    # timeit-style: a run under 1 s is repeated (up to 5 runs in all) and the fastest
+                    # counts, the same rule for every method, so a 10 ms solver is not timed by its noise
+                    times = []
+                    while not times or (len(times) < 5 and sum(times) < 1.0):
+                        t = time.perf_counter()
+                        Xr = np.asarray(jax.block_until_ready(run()))
+                        times.append(time.perf_counter() - t)
+                    dt = min(times)
                     if seed < 0:
                         continue
                     err = distance_to_orbit(problem, Xr, X)
@@ -211,12 +228,14 @@ def peers(args):
             print(f"d={d:3d} n={n:3d} {mname:24s} from {sname:9s}: exact {s['exact']}/{args.instances}, "
                   f"||grad|| <= 1e-10 in {s['reached']}, median {row['median_seconds']:.2f} s, "
                   f"final ||grad|| {row['median_final_grad']:.1e}", flush=True)
-        base = {r["start"]: r["median_seconds"] for r in rows if r["d"] == d and r["method"].startswith("unmask")}
+        base = {r["start"]: r["median_seconds"] for r in rows if r["d"] == d and r["method"] == "unmask log Gauss-Newton-CG"}
         for r in rows:
             if r["d"] == d:
                 r["time_ratio_to_unmask"] = r["median_seconds"] / max(base[r["start"]], 1e-12)
         atomic_write_json(args.json or "benchmarks/results/recover_peers.json",  # after each size: partial runs count
-                          {"note": "compilation excluded for every method (warm-up run per shape)", "rows": rows})
+                          {"note": "compilation excluded for every method (warm-up run per shape); runs under 1 s "
+                                   "repeated up to 5 times, fastest counted", "command": " ".join(sys.argv),
+                           "rows": rows})
 
 
 _ADAM_STEPS = {}
@@ -243,6 +262,8 @@ def _adam(grad_k, a, X0, steps=3000, lr=1e-2):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["accuracy", "noise", "peers", "roots"])
+    ap.add_argument("--methods", default="",
+                    help="peers: only the methods whose names contain one of these comma-separated words")
     ap.add_argument("--starts-from", default="algebraic,random",
                     help="peers: which starts, any of algebraic,random (random starts at (32, 64) take long)")
     ap.add_argument("--starts", type=int, default=12, help="roots: random starts per instance")
