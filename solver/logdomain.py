@@ -35,7 +35,7 @@ autodiff, and against a central difference of the closed-form gradient.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -99,19 +99,22 @@ def applies(problem: Problem) -> bool:
 
 @dataclass
 class LogGaussNewtonInfo:
-    """Outcome of :func:`log_gauss_newton`: Newton steps taken, of them accepted, Hessian-vector
-    products, the final L_log, and the final gradient norm of the *problem's* loss."""
+    """Outcome of :func:`log_gauss_newton`: steps taken, of them accepted, Gauss-Newton products,
+    the final L_log, the final gradient norm of the *problem's* loss, and per accepted step that
+    gradient norm before it, the problem's loss after it and the Newton decrement of L_log."""
 
     iterations: int
     accepted: int
     hvps: int
     log_loss: float
     grad_norm: float
+    steps: list = field(default_factory=list)  # accepted steps: the problem's ||grad|| before, loss after
 
 
 @functools.lru_cache(maxsize=4)
 def _compiled(max_iter: int, cg_iter: int):
     grad_o = jax.jit(gen.attention_grad)
+    loss_o = jax.jit(gen.attention_loss)
 
     def cg(X, b, shift, rtol, args):
         """Truncated CG on ``(H + shift I) s = b``; stops (flag) at the first non-positive curvature."""
@@ -149,35 +152,39 @@ def _compiled(max_iter: int, cg_iter: int):
     @jax.jit
     def run(X0, gtol, args):
         def cond(c):
-            X, f, g, mu, it, acc, rej, hv = c
+            X, f, g, mu, it, acc, rej, hv, tr = c
             # rejected steps only raise the shift, unless the log loss's gradient is at its floor
             floor = (rej >= 3) & (gnorm(g) <= 1e-8)
             return (gnorm(grad_o(X, *args)) > gtol) & (it < max_iter) & ~floor & (mu < 1e12)
 
         def body(c):
-            X, f, g, mu, it, acc, rej, hv = c
+            X, f, g, mu, it, acc, rej, hv, tr = c
             gn = gnorm(g)
+            go = gnorm(grad_o(X, *args))
             # LM shift proportional to ||grad|| near a non-degenerate minimiser
             # forcing 0.1 min(1, sqrt ||grad L_log||) (superlinear), but no tighter than the problem's
             # gradient needs: ||grad L|| / ||grad L_log|| is nearly constant near a zero, so a relative
             # residual 0.3 gtol / ||grad L|| suffices for the last step (measured: 30% fewer products)
-            rtol = jnp.maximum(0.1 * jnp.minimum(1.0, jnp.sqrt(gn)), 0.3 * gtol / gnorm(grad_o(X, *args)))
+            rtol = jnp.maximum(0.1 * jnp.minimum(1.0, jnp.sqrt(gn)), 0.3 * gtol / go)
             s, bad, k = cg(X, -g, mu * jnp.minimum(1.0, gn), jnp.clip(rtol, 1e-16, 0.5), args)
             Xn = X + s
             fn = log_loss(Xn, *args)
             ok = (~bad) & jnp.isfinite(fn) & (fn < f)
+            # per step: ||grad L|| before it, L after it, the Newton decrement of L_log, accepted
+            dec = jnp.sqrt(jnp.maximum(-jnp.sum(g * s), 0.0))
+            tr = tr.at[it].set(jnp.stack([go, loss_o(Xn, *args), dec, ok.astype(go.dtype)]))
             g = jnp.where(ok, log_grad(Xn, *args), g)
             return (jnp.where(ok, Xn, X), jnp.where(ok, fn, f), g,
                     jnp.where(ok, jnp.maximum(mu / 3, 1e-14), mu * 4), it + 1, acc + ok.astype(jnp.int32),
                     jnp.where(ok, jnp.int32(0), rej + 1),
-                    hv + k)
+                    hv + k, tr)
 
         f0 = log_loss(X0, *args)
         g0 = log_grad(X0, *args)
         init = (X0, f0, g0, 1e-3 * jnp.maximum(1.0, jnp.abs(f0)), jnp.int32(0), jnp.int32(0), jnp.int32(0),
-                jnp.int32(0))
-        X, f, _, _, it, acc, _, hv = jax.lax.while_loop(cond, body, init)
-        return X, f, it, acc, hv, gnorm(grad_o(X, *args))
+                jnp.int32(0), jnp.zeros((max_iter, 4), X0.dtype))
+        X, f, _, _, it, acc, _, hv, tr = jax.lax.while_loop(cond, body, init)
+        return X, f, it, acc, hv, gnorm(grad_o(X, *args)), tr
 
     return run
 
@@ -195,12 +202,14 @@ def log_gauss_newton(problem: Problem, X, *, gtol: float = 1e-10, max_iter: int 
     if not applies(problem):
         raise ValueError("log_gauss_newton needs the attention-map variant with every entry of B positive")
     args = tuple(jnp.asarray(a, jnp.float64) for a in problem._args)
-    Xs, f, it, acc, hv, gn = _compiled(int(max_iter), int(cg_iter))(jnp.asarray(X, jnp.float64), float(gtol), args)
+    Xs, f, it, acc, hv, gn, tr = _compiled(int(max_iter), int(cg_iter))(jnp.asarray(X, jnp.float64), float(gtol), args)
     Xs = np.asarray(Xs, np.float64)
     if not np.all(np.isfinite(Xs)):  # every accepted step had a finite loss; kept as a guard
         Xs = np.asarray(X, np.float64)
+    steps = [{"grad_norm": float(t[0]), "loss": float(t[1]), "newton_decrement": float(t[2])}
+             for t in np.asarray(tr)[: int(it)] if t[3] > 0]
     return Xs, LogGaussNewtonInfo(iterations=int(it), accepted=int(acc), hvps=int(hv), log_loss=float(f),
-                             grad_norm=float(gn))
+                                  grad_norm=float(gn), steps=steps)
 
 
 __all__ = ["log_loss", "log_grad", "log_hvp", "log_hvp_at", "applies", "log_gauss_newton", "LogGaussNewtonInfo"]

@@ -129,11 +129,10 @@ def _log_phase(problem: Problem, X: np.ndarray, sym, gtol: float, history: Histo
     f0, fl = float(problem.loss(X)), float(problem.loss(Xl))
     if not fl < f0:
         return X
-    if history is not None:
-        # one record for the compiled loop: loss and ||grad|| of the problem's loss at its end;
-        # newton_decrement is not formed there (0), step_size 1 (LM steps, accepted on decrease)
-        history.add(regime="uncertified-log-gauss-newton", loss=fl, grad_norm=info.grad_norm, newton_decrement=0.0,
-                    step_size=1.0)
+    if history is not None:  # accepted steps, as LM records them (full steps, accepted on decrease)
+        for st in info.steps:
+            history.add(regime="uncertified-log-gauss-newton", loss=st["loss"], grad_norm=st["grad_norm"],
+                        newton_decrement=st["newton_decrement"], step_size=1.0)
     return Xl
 
 
@@ -202,7 +201,8 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                     best = (f, Xc)
             X = best[1]
 
-    X = _log_phase(problem, X, sym, gtol, history)
+    # as far as LM's first pass goes below: the certified phase takes over where it can
+    X = _log_phase(problem, X, sym, max(gtol, 1e-6), history)
 
     def orbit(Xc):
         from .newton import _orthonormal

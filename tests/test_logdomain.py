@@ -124,3 +124,14 @@ def test_gauss_newton_product_equals_the_hessian_product_at_an_exact_zero():
     far = np.asarray(log_hvp(jnp.asarray(Y), jnp.asarray(V), W, U, B, Gamma, X0))
     gn_far = np.asarray(log_hvp_at(jnp.asarray(Y), W, U, B, Gamma, X0, gauss_newton=True)(jnp.asarray(V)))
     assert np.abs(far - gn_far).max() > 1e-6 * np.abs(far).max()
+
+
+def test_the_step_records_are_the_accepted_steps_and_the_gradient_falls():
+    problem, X = planted_instance(8, 16, 2, seed=12)
+    start = X + 1e-2 * np.random.default_rng(12).normal(size=X.shape)
+    Xr, info = log_gauss_newton(problem, start, gtol=1e-10)
+    assert len(info.steps) == info.accepted >= 2
+    first = info.steps[0]
+    assert first["grad_norm"] == pytest.approx(float(np.linalg.norm(problem.grad(start))), rel=1e-10)
+    assert info.steps[-1]["loss"] == pytest.approx(float(problem.loss(Xr)), rel=1e-8, abs=1e-30)
+    assert info.steps[-1]["grad_norm"] > info.grad_norm
