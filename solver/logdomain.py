@@ -45,11 +45,15 @@ from . import _generated as gen
 from .problem import ATTENTION, Problem
 
 
+def _residual(X, WX, U, B):
+    """Row-centred ``X^T W_h X + 1 u_h^T X - log B_h`` for every head, given ``WX = W_h X`` (H, d, n)."""
+    R = jnp.einsum("ia,hib->hab", X, WX) + (U @ X)[:, None, :] - jnp.log(B)
+    return R - jnp.mean(R, axis=2, keepdims=True)
+
+
 def log_loss(X, W, U, B, Gamma, X0):
     """``L_log`` of the module docstring; same arguments as the generated ``attention_loss``."""
-    S = jnp.einsum("ia,hij,jb->hab", X, W, X) + (U @ X)[:, None, :]
-    R = S - jnp.log(B)
-    R = R - jnp.mean(R, axis=2, keepdims=True)
+    R = _residual(X, jnp.einsum("hij,jb->hib", W, X), U, B)
     return 0.5 * jnp.sum(R * R) + gen.regulariser_loss(X, Gamma, X0)
 
 
@@ -73,9 +77,7 @@ def log_hvp_at(X, W, U, B, Gamma, X0, gauss_newton: bool = False):
     """
     A = jnp.einsum("hij,jb->hib", W, X)
     At = jnp.einsum("hji,jb->hib", W, X)
-    S = jnp.einsum("ia,hib->hab", X, A) + (U @ X)[:, None, :]
-    R = S - jnp.log(B)
-    R = R - jnp.mean(R, axis=2, keepdims=True)
+    R = _residual(X, A, U, B)
     G2 = Gamma * Gamma
 
     def hvp(V):
@@ -151,16 +153,16 @@ def _compiled(max_iter: int, cg_iter: int):
 
     @jax.jit
     def run(X0, gtol, args):
+        # the carry holds go = ||grad L(X)||, the problem's gradient norm: one evaluation per step
         def cond(c):
-            X, f, g, mu, it, acc, rej, hv, tr = c
+            X, f, g, go, mu, it, acc, rej, hv, tr = c
             # rejected steps only raise the shift, unless the log loss's gradient is at its floor
             floor = (rej >= 3) & (gnorm(g) <= 1e-8)
-            return (gnorm(grad_o(X, *args)) > gtol) & (it < max_iter) & ~floor & (mu < 1e12)
+            return (go > gtol) & (it < max_iter) & ~floor & (mu < 1e12)
 
         def body(c):
-            X, f, g, mu, it, acc, rej, hv, tr = c
+            X, f, g, go, mu, it, acc, rej, hv, tr = c
             gn = gnorm(g)
-            go = gnorm(grad_o(X, *args))
             # LM shift proportional to ||grad|| near a non-degenerate minimiser
             # forcing 0.1 min(1, sqrt ||grad L_log||) (superlinear), but no tighter than the problem's
             # gradient needs: ||grad L|| / ||grad L_log|| is nearly constant near a zero, so a relative
@@ -173,18 +175,21 @@ def _compiled(max_iter: int, cg_iter: int):
             # per step: ||grad L|| before it, L after it, the Newton decrement of L_log, accepted
             dec = jnp.sqrt(jnp.maximum(-jnp.sum(g * s), 0.0))
             tr = tr.at[it].set(jnp.stack([go, loss_o(Xn, *args), dec, ok.astype(go.dtype)]))
-            g = jnp.where(ok, log_grad(Xn, *args), g)
-            return (jnp.where(ok, Xn, X), jnp.where(ok, fn, f), g,
+            X, f = jnp.where(ok, Xn, X), jnp.where(ok, fn, f)
+            g = jnp.where(ok, log_grad(X, *args), g)
+            go = jnp.where(ok, gnorm(grad_o(X, *args)), go)
+            return (X, f, g, go,
                     jnp.where(ok, jnp.maximum(mu / 3, 1e-14), mu * 4), it + 1, acc + ok.astype(jnp.int32),
                     jnp.where(ok, jnp.int32(0), rej + 1),
                     hv + k, tr)
 
         f0 = log_loss(X0, *args)
         g0 = log_grad(X0, *args)
-        init = (X0, f0, g0, 1e-3 * jnp.maximum(1.0, jnp.abs(f0)), jnp.int32(0), jnp.int32(0), jnp.int32(0),
-                jnp.int32(0), jnp.zeros((max_iter, 4), X0.dtype))
-        X, f, _, _, it, acc, _, hv, tr = jax.lax.while_loop(cond, body, init)
-        return X, f, it, acc, hv, gnorm(grad_o(X, *args)), tr
+        zero = jnp.int32(0)
+        init = (X0, f0, g0, gnorm(grad_o(X0, *args)), 1e-3 * jnp.maximum(1.0, jnp.abs(f0)), zero, zero, zero, zero,
+                jnp.zeros((max_iter, 4), X0.dtype))
+        X, f, _, go, _, it, acc, _, hv, tr = jax.lax.while_loop(cond, body, init)
+        return X, f, it, acc, hv, go, tr
 
     return run
 
