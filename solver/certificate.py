@@ -103,7 +103,6 @@ def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, floa
     """Local constants at X (fresh evaluation), the off-orbit gradient norm and lambda_min."""
     from .recover import hessian_lipschitz_on
 
-    gn = float(np.linalg.norm(_project_out(np.asarray(problem.grad(X), np.float64).reshape(-1), T)))
     safety = gradient_safety(problem)
     if safety == 1.0:
         # a rigorous upper bound on the gradient (ball arithmetic) needs no safety factor: 4x less
@@ -111,6 +110,8 @@ def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, floa
         from proofs_check.rigorous import gradient_norm_upper
 
         gn = gradient_norm_upper(problem, X, T)
+    else:
+        gn = float(np.linalg.norm(_project_out(np.asarray(problem.grad(X), np.float64).reshape(-1), T)))
     # local_constants needs lambda_min^2 > 4 s^2 M(r) ||grad|| >= 4 s^2 M(0) ||grad||: below that floor the
     # matrix-free lambda_min may stop early (it returns an upper bound, and the certificate fails as it must)
     floor = math.sqrt(4.0 * safety**2 * hessian_lipschitz_on(problem, X, 0.0) * gn)
