@@ -228,9 +228,10 @@ def peers(args):
             print(f"d={d:3d} n={n:3d} {mname:24s} from {sname:9s}: exact {s['exact']}/{args.instances}, "
                   f"||grad|| <= 1e-10 in {s['reached']}, median {row['median_seconds']:.2f} s, "
                   f"final ||grad|| {row['median_final_grad']:.1e}", flush=True)
-        base = {r["start"]: r["median_seconds"] for r in rows if r["d"] == d and r["method"] == "unmask log Gauss-Newton-CG"}
+        base = {r["start"]: r["median_seconds"] for r in rows
+                if r["d"] == d and r["method"] == "unmask log Gauss-Newton-CG"}
         for r in rows:
-            if r["d"] == d:
+            if r["d"] == d and r["start"] in base:  # absent when --methods leaves that row out
                 r["time_ratio_to_unmask"] = r["median_seconds"] / max(base[r["start"]], 1e-12)
         atomic_write_json(args.json or "benchmarks/results/recover_peers.json",  # after each size: partial runs count
                           {"note": "compilation excluded for every method (warm-up run per shape); runs under 1 s "
