@@ -163,7 +163,10 @@ def quantity(region: Region, name: str, inst: dict, exact: bool):
         k = {"softmax_jacobian": 1, "softmax_second": 2, "softmax_third": 3}[base]
         return jnp.sqrt(jnp.sum((d1, d2, d3)[k - 1] ** 2)) / an**k
     if name == "output_map_curvature":
-        d2 = jax.jvp(lambda t: jax.jvp(lambda r: ref.outputs(X + r * V, inst["W"], inst["U"], inst["Wv"]), (t,), (1.0,))[1], (0.0,), (1.0,))[1]
+        def along(r):
+            return ref.outputs(X + r * V, inst["W"], inst["U"], inst["Wv"])
+
+        d2 = jax.jvp(lambda t: jax.jvp(along, (t,), (1.0,))[1], (0.0,), (1.0,))[1]
         return jnp.sqrt(jnp.sum(d2 * d2)) / vn**2
     if base == "gradient_bound":
         return jnp.sqrt(jnp.sum(grad(X, *_loss_args(region, inst, reg=False)) ** 2))
