@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--brute-positions", type=int, default=None)
     ap.add_argument("--noise-prompts", type=int, default=10)
     ap.add_argument("--time-limit", nargs="*", default=[])
+    ap.add_argument("--no-lm-prior", action="store_true",
+                    help="ablation: never propose the model's own next-token predictions (sipit lm_prior=False)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sipit.json"))
     args = ap.parse_args()
 
@@ -86,7 +88,9 @@ def main() -> None:
             ["--layers", *map(str, args.layers), "--prompts", *args.prompts, "--brute", *args.brute]
             + ([f"--brute-positions {args.brute_positions}"] if args.brute_positions else [])
             + [f"--noise-prompts {args.noise_prompts}"]
-            + (["--time-limit", *args.time_limit] if args.time_limit else [])),
+            + (["--time-limit", *args.time_limit] if args.time_limit else [])
+            + (["--no-lm-prior"] if args.no_lm_prior else [])),
+        "lm_prior": "off" if args.no_lm_prior else "default (last layer only)",
         "prompt_tokens": 20,
         "layers": {},
     }
@@ -135,11 +139,13 @@ def main() -> None:
                 print(f"layer {layer}: time limit reached after {i} prompts", flush=True)
                 break
             H = np.asarray(model.layer_states(ids, layer))
-            r = sipit(model, H, layer, policy=GradientPolicy(seed=i), original=ids)
+            r = sipit(model, H, layer, policy=GradientPolicy(seed=i), original=ids,
+                      lm_prior=False if args.no_lm_prior else None)
             runs.append({"kind": "natural" if i % 2 == 0 else "random", "exact": bool(r.exact),
                          "exact_up_to_duplicates": bool(r.exact_up_to_duplicates), "seconds": r.seconds,
                          "candidates": r.candidates_per_position, "vocab_fraction": r.vocab_fraction,
-                         "seconds_per_position": r.seconds_per_position})
+                         "seconds_per_position": r.seconds_per_position,
+                         "lm_prior_positions": r.lm_prior_positions})
             print(f"layer {layer} prompt {i} ({runs[-1]['kind']}): exact={r.exact} {r.seconds:.1f} s "
                   f"candidates {sum(r.candidates_per_position)}", flush=True)
             nat = [r["seconds"] for r in runs if r["kind"] == "natural"]

@@ -188,6 +188,61 @@ def test_secant_ranking_beats_the_readout_at_layer_8(model):
         ctx._readout = saved
 
 
+def test_prior_gate_keeps_a_predictive_prior_and_drops_a_useless_one(model):
+    """The model's next-token prior is offered only while the accepted tokens rank high under it."""
+    V = model.config.vocab_size
+    H = np.zeros((8, model.config.d_model), np.float32)
+
+    def logits_ranking(token, rank):
+        z = -np.arange(V, dtype=np.float32)  # token 0 first, then 1, ...
+        z[[token, rank]] = z[[rank, token]]  # put `token` at `rank`
+        return z
+
+    for layer, free in ((model.config.n_layers, True), (2, False)):
+        gate = sipit_mod._PriorGate(model, sipit_mod._context(model, layer), H, layer)
+        assert gate.free is free and gate.active  # on probation
+        gate.record(logits_ranking(7, 5000), 7)
+        assert gate.active  # one miss is not enough
+        gate.record(logits_ranking(7, 3000), 7)
+        assert not gate.active and gate.offer(logits_ranking(7, 0)) is None
+        assert (gate.logits(2, [1, 2]) is None) is not free  # only the free prior is still scored
+        for _ in range(2):
+            gate.record(logits_ranking(9, 3), 9)
+        assert gate.active  # 2 hits in 4 >= 25%: the prior comes back
+        assert gate.offer(logits_ranking(9, 3)) is not None and gate.used == 1
+
+
+def test_prior_tokens_join_the_first_batch(model):
+    """With a prior, the first batch is the read-out's nearest tokens plus the prior's best."""
+    ids = model.encode("The cat sat on the")
+    layer, t = 2, 3
+    ctx = sipit_mod._context(model, layer)
+    ck, cv = model.empty_cache(layer, 32)
+    for i in range(t):
+        _, k, v = ctx.verify(ctx.w, ck, cv, np.int32(i), np.asarray(ids[i : i + 1]), np.zeros(576, np.float32))
+        ck, cv = ck.at[:, i].set(k[:, 0]), cv.at[:, i].set(v[:, 0])
+    H = np.asarray(model.layer_states(ids, layer))
+    prior = np.zeros(model.config.vocab_size, np.float32)
+    favourites = np.array([101, 2024, 40000])
+    prior[favourites] = [3.0, 2.0, 1.0]
+    pol = sipit_mod.GradientPolicy(first=64, lm_first=64)
+    visited = np.zeros(model.config.vocab_size, bool)
+    plain = next(pol.proposals(ctx, ck, cv, t, H[t], visited))
+    batch = next(pol.proposals(ctx, ck, cv, t, H[t], visited, prior=prior))
+    assert len(plain) == 64 and len(batch) == 128 and len(set(batch.tolist())) == 128
+    assert set(plain.tolist()) <= set(batch.tolist()) and set(favourites.tolist()) <= set(batch.tolist())
+
+
+def test_lm_prior_recovers_exactly_and_is_off_below_the_last_layer_by_default(model):
+    ids = model.encode("The cat sat on the mat and")
+    H = np.asarray(model.layer_states(ids, 2))
+    with_prior = sipit_mod.sipit(model, H, 2, original=ids, lm_prior=True)
+    assert with_prior.exact and with_prior.lm_prior_positions >= 2
+    default = sipit_mod.sipit(model, H, 2, original=ids)
+    assert default.exact and default.lm_prior_positions == 0
+    assert sipit_mod.sipit(model, H, 2, original=ids, policy="bruteforce", lm_prior=True).lm_prior_positions == 0
+
+
 @pytest.mark.slow
 def test_default_policy_recovers_a_prompt_at_layer_30(model):
     ids = model.encode("The old bridge was closed")
@@ -195,6 +250,7 @@ def test_default_policy_recovers_a_prompt_at_layer_30(model):
     r = sipit_mod.sipit(model, H, 30, original=ids)
     assert r.complete and r.exact, (r.recovered, ids.tolist())
     assert all(d <= e for d, e in zip(r.distances, r.eps))
+    assert r.lm_prior_positions >= 1  # free at the last layer, on by default
 
 
 @pytest.mark.slow
