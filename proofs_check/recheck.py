@@ -7,7 +7,10 @@ Hessian-Lipschitz constant from the SymPy expression of the lemma
 (``lambdify``, not the generated evaluator), and the radius inequality is
 solved afresh. A ``kantorovich-root`` certificate is recomputed from the Jacobian of the
 reference transcription (``jax.jacfwd``), the residual in mpmath at 30 digits (not the
-solver's extended-precision one) and the SymPy constant of ``output_map_curvature``.
+solver's extended-precision one) and the SymPy constant of ``output_map_curvature``. An
+``interval-hessian`` certificate is recomputed in ball arithmetic on this recheck's own slice
+basis, after the ball Hessian's midpoints and the ball gradient are compared with ``jax.hessian``
+and ``jax.grad`` of the reference transcription at X.
 Any mismatch raises :class:`CertificateMismatchError`.
 """
 
@@ -58,6 +61,8 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         return {"status": cert.status}
     if cert.kind == "kantorovich-root":
         return _recheck_root(cert, problem, np.asarray(X, np.float64), rtol)
+    if cert.kind == "interval-hessian":
+        return _recheck_slice(cert, problem, np.asarray(X, np.float64), sym)
     X = np.asarray(X, np.float64)
     d, n = X.shape
     loss, args = _loss_and_args(problem)
@@ -172,3 +177,61 @@ def _recheck_root(cert: Certificate, problem: Problem, X: np.ndarray, rtol: floa
         raise CertificateMismatchError(f"uniqueness radius {cert.radius:.3e} exceeds the recomputed {min(rho, t2):.3e}")
     return {"status": "certified", "kind": "kantorovich-root", "sigma_min": float(s[-1]), "K": K, "h": h,
             "residual_norm": rn, "error_bound": t1, "radius": min(rho, t2)}
+
+
+def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> dict:
+    from .rigorous import gradient_enclosure, slice_bounds, slice_theorem
+
+    d, n = X.shape
+    c = cert.constants or {}
+    try:
+        dX = np.asarray(c["dX"], np.float64).reshape(d, n)
+        box = float(c["box_radius"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CertificateMismatchError(f"interval-Hessian certificate without a usable dX / box_radius: {e}") from e
+    if not (np.all(np.isfinite(dX)) and np.isfinite(box) and box > 0):
+        raise CertificateMismatchError("interval-Hessian certificate: dX or box_radius is not finite and positive")
+    if np.linalg.norm(dX) > 1e-8 * max(1.0, float(np.linalg.norm(X))):
+        raise CertificateMismatchError(f"dX is not a polish of X: ||dX|| = {np.linalg.norm(dX):.3e}")
+    # this recheck's own orbit basis and slice complement
+    T = sym.orbit_tangent(X)
+    if T.shape[1]:
+        Q, _ = np.linalg.qr(T)
+        P = np.linalg.svd(np.eye(d * n) - Q @ Q.T)[0][:, : d * n - Q.shape[1]]
+    else:
+        P = np.eye(d * n)
+    b = slice_bounds(problem, X, dX, P, box)
+    Hb = b.pop("hessian_mid")
+    # the ball-arithmetic formulas against the reference transcription (jax autodiff) at X
+    loss, args = _loss_and_args(problem)
+    H_ref = np.asarray(jax.hessian(loss)(X, *args)).reshape(d * n, d * n)
+    H_mid = np.array([[float(Hb[i, j].mid()) for j in range(d * n)] for i in range(d * n)])
+    H_rad = np.array([[float(Hb[i, j].rad()) for j in range(d * n)] for i in range(d * n)])
+    scale = max(1.0, float(np.linalg.norm(H_ref)))
+    if np.linalg.norm(H_mid - H_ref) > np.linalg.norm(H_rad) + 1e-10 * scale:
+        raise CertificateMismatchError(
+            f"the ball Hessian differs from jax.hessian of the reference by {np.linalg.norm(H_mid - H_ref):.3e}")
+    g_ref = np.asarray(jax.grad(loss)(X, *args))
+    g_mid, g_rad = gradient_enclosure(problem, X)
+    if np.linalg.norm(g_mid - g_ref) > np.linalg.norm(g_rad) + 1e-12 * max(1.0, float(np.linalg.norm(g_ref)) + scale):
+        raise CertificateMismatchError(
+            f"the ball gradient differs from jax.grad of the reference by {np.linalg.norm(g_mid - g_ref):.3e}")
+    from solver.certificate import exact_fit_tolerance
+
+    fit = float(loss(X, *args))
+    if not fit <= exact_fit_tolerance(problem):
+        raise CertificateMismatchError(
+            f"the loss at X is {fit:.3e} (reference transcription): not an exact fit, no global minimiser is certified")
+    th = slice_theorem(b)
+    if not th["certified"]:
+        raise CertificateMismatchError(
+            f"the slice theorem fails on recomputation: lambda_min >= {b['l_lower']:.3e}, ||grad|| <= {b['g_up']:.3e}, "
+            f"slice radius {th['slice_radius']:.3e}")
+    if cert.error_bound < th["error_bound"] * (1 - 1e-9):
+        raise CertificateMismatchError(
+            f"error bound {cert.error_bound:.3e} is smaller than the recomputed {th['error_bound']:.3e}")
+    if cert.radius > th["slice_radius"] * (1 + 1e-9):
+        raise CertificateMismatchError(
+            f"uniqueness radius {cert.radius:.3e} exceeds the recomputed {th['slice_radius']:.3e}")
+    return {"status": "certified", "kind": "interval-hessian", "lambda_min_lower": b["l_lower"], "grad_norm": b["g_up"],
+            "s_P": b["s_P"], "error_bound": th["error_bound"], "radius": th["slice_radius"], "box_radius": box}

@@ -70,17 +70,20 @@ def grad_generic(X, W, u, B, exp):
     return W @ X @ G.T + W.T @ X @ G + u[:, None] @ (np.ones((1, n), dtype=ones.dtype) @ G)
 
 
-def gradient_enclosure(problem, X) -> tuple[np.ndarray, np.ndarray]:
+def gradient_enclosure(problem, X, dX=None) -> tuple[np.ndarray, np.ndarray]:
     """Midpoints and radii (d, n) of arb balls containing every entry of the exact gradient of the
-    attention-matrix loss (all heads and the regulariser) at the float64 point X."""
+    attention-matrix loss (all heads and the regulariser) at the float64 point X, or at the
+    double-double point ``X + dX`` (``dX`` float64, summed exactly in arb) when ``dX`` is given."""
     from solver.problem import ATTENTION
 
     if problem.variant != ATTENTION:
         raise ValueError("gradient_enclosure is for the attention-matrix loss")
     prec = flint.ctx.prec
-    flint.ctx.prec = 128  # float64 data are exact in arb; 128 bits keep the balls far below float64's rounding
+    # float64 data are exact in arb; 128 bits keep the balls far below float64's rounding, 320 bits
+    # keep them far below the gradient of a double-double point (about 1e-30 after a polish)
+    flint.ctx.prec = 128 if dX is None else 320
     try:
-        Xa = _arb_array(X)
+        Xa = _arb_array(X) if dX is None else _arb_array(X) + _arb_array(dX)
         total = _arb_array(problem.Gamma**2) * (Xa - _arb_array(problem.X0))
         for h in range(problem.heads):
             total = total + grad_generic(Xa, _arb_array(problem.W[h]), _arb_array(problem.U[h]),
@@ -128,6 +131,79 @@ def hessian_on_box(Xc, radius, W, u, B, gamma):
     return np.array(cols).T
 
 
+def hessian_enclosure(problem, Xc, radius: float) -> "flint.arb_mat":
+    """(dn, dn) ball matrix containing the Hessian of the attention-matrix loss (all heads and the
+    regulariser, row-major vec of X) at every X of the box ``|X - Xc| <= radius`` (entrywise)."""
+    from solver.problem import ATTENTION
+
+    if problem.variant != ATTENTION:
+        raise ValueError("hessian_enclosure is for the attention-matrix loss")
+    d, n = Xc.shape
+    total = None
+    for h in range(problem.heads):
+        Hh = hessian_on_box(Xc, radius, problem.W[h], problem.U[h], problem.B[h], 0.0)
+        total = Hh if total is None else total + Hh
+    total = total + np.diag(_arb_array(problem.Gamma.reshape(-1) ** 2))
+    return flint.arb_mat(total.tolist())
+
+
+def _to_object(M: "flint.arb_mat") -> np.ndarray:
+    out = np.empty((M.nrows(), M.ncols()), dtype=object)
+    for i in range(M.nrows()):
+        for j in range(M.ncols()):
+            out[i, j] = M[i, j]
+    return out
+
+
+def slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
+    """Rigorous numbers for a critical point of L on the slice ``{X + dX + P z}`` (see `slice_theorem`).
+
+    - ``g_up``: upper bound on ``||P^T grad L(X + dX)||`` (double-double point, 320-bit balls);
+    - ``s_P``: upper bound on ``||P||_2`` (``sqrt(1 + ||P^T P - I||_F)``, Weyl);
+    - ``l_lower``: lower bound on ``lambda_min(P^T hess L(Y) P)`` for every Y in the box
+      ``|Y - X| <= box_radius`` (`hessian_enclosure`, then `lambda_min_lower`);
+    - ``dX_inf``, ``dX_2``: upper bounds on ``||dX||_inf`` and ``||dX||_2``.
+    """
+    P = np.asarray(P, np.float64)
+    Pa = flint.arb_mat(P.tolist())
+    mid, rad = gradient_enclosure(problem, X, dX)
+    g = flint.arb_mat([[flint.arb(float(m), float(r))] for m, r in zip(mid.reshape(-1), rad.reshape(-1))])
+    gz = Pa.transpose() * g
+    g_up = float(flint.arb(sum((gz[i, 0] * gz[i, 0] for i in range(gz.nrows())), flint.arb(0)).upper()).sqrt().upper())
+    PtP = Pa.transpose() * Pa
+    k = PtP.nrows()
+    # x * x, not x ** 2: arb's power of a ball centred at exactly 0 is nan in python-flint 0.9
+    dev = sum(((PtP[i, j] - (1 if i == j else 0)) * (PtP[i, j] - (1 if i == j else 0)) for i in range(k)
+               for j in range(k)), flint.arb(0))
+    s_P = float((1 + flint.arb(dev.upper()).sqrt()).sqrt().upper())
+    Hb = hessian_enclosure(problem, np.asarray(X, np.float64), float(box_radius))
+    l_lower = lambda_min_lower(_to_object(Pa.transpose() * Hb * Pa))
+    dXa = _arb_array(np.abs(dX))
+    dX_2 = float(flint.arb(sum((v * v for v in dXa.reshape(-1)), flint.arb(0)).upper()).sqrt().upper())
+    return {"g_up": g_up, "s_P": s_P, "l_lower": l_lower, "dX_inf": float(np.max(np.abs(dX))) if dX.size else 0.0,
+            "dX_2": dX_2, "box_radius": float(box_radius), "hessian_mid": Hb}
+
+
+def slice_theorem(b: dict) -> dict:
+    """What the `slice_bounds` numbers prove, or why not.
+
+    phi(z) = L(X + dX + P z). If ``||z|| <= r`` then ``X + dX + P z`` lies in the box of half-width
+    ``dX_inf + s_P r`` around X; with ``r = (box_radius - dX_inf) / s_P`` every such point is in the
+    box, so phi is ``l_lower``-strongly convex on the ball ``||z|| <= r``. If moreover
+    ``l_lower r > g_up >= ||grad phi(0)||``, the minimiser of phi on the closed ball is interior
+    (on the sphere ``grad phi(z) . z >= -g_up r + l_lower r^2 > 0``), so phi has a critical point
+    ``z*`` there, the only one in the ball (strict convexity), with ``||z*|| <= g_up / l_lower``;
+    hence ``||X - X*||_2 <= dX_2 + s_P g_up / l_lower`` for ``X* = X + dX + P z*``.
+    """
+    A = flint.arb
+    r = float(((A(b["box_radius"]) - A(b["dX_inf"])) / A(b["s_P"])).lower())  # rounded down
+    ok = bool(b["l_lower"] > 0 and r > 0 and (A(b["l_lower"]) * A(r) - A(b["g_up"])).lower() > 0)
+    out = {"certified": ok, "slice_radius": r}
+    if ok:
+        out["error_bound"] = float((A(b["dX_2"]) + A(b["s_P"]) * A(b["g_up"]) / A(b["l_lower"])).upper())
+    return out
+
+
 def lambda_min_lower(Hb) -> float:
     """Rigorous lower bound on lambda_min over all symmetric matrices in the ball matrix Hb."""
     N = Hb.shape[0]
@@ -138,7 +214,8 @@ def lambda_min_lower(Hb) -> float:
     for i in range(N):
         for j in range(N):
             dev = abs(Hb[i, j] - flint.arb(mid[i][j]))  # ball containing |H_ij - mid_ij|
-            pert += dev.upper() ** 2
+            up = dev.upper()
+            pert += up * up  # not up ** 2: nan for an exact 0 in python-flint 0.9
     pert_norm = pert.sqrt().upper()
     eig = flint.acb_mat(mid).eig(multiple=True, algorithm="rump")
     lam_lower = min(float(e.real.lower()) for e in eig)

@@ -237,6 +237,15 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
             cert = root_certificate(problem, Xp, root, sym, None, iterations=0)
             return Result(X=Xp, status="certified", certificate=cert, history=history.as_list(), init=init,
                           symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
+    slice_reason = ""
+    if consts is None and problem.variant == ATTENTION and problem.Gamma.max() == 0:
+        # no M needed: polish to a double-double point and enclose the Hessian on a whole box
+        from .certificate import slice_certificate
+
+        cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0)
+        if cert is not None:
+            return Result(X=X, status="certified", certificate=cert, history=history.as_list(), init=init,
+                          symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
     if consts is None:
         M0 = hessian_lipschitz_on(problem, X, 0.0)  # the lemma's M at radius 0: a lower bound of the M used
         k = 4 * gradient_safety(problem) ** 2  # lambda_min^2 > 4 s^2 M ||grad|| (solver.newton.local_constants)
@@ -247,6 +256,8 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                      "and no M can help while lambda_min <= 0"))
         if validation is not None and validation["status"] != "OK":
             reason = f"the checker's validation of the M lemma failed on the region: {validation}"
+        if slice_reason:
+            reason += f"; {slice_reason}"
         if certify:
             raise CertificationError(
                 f"cannot certify the Newton region: {reason}. The instance may be unidentifiable here "
