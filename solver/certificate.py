@@ -257,6 +257,8 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
         b.pop("hessian_mid")
         th = slice_theorem(b)
         tried.append(f"box {b['box_radius']:.1e}: lambda_min >= {b['l_lower']:.2e}, ||grad|| <= {b['g_up']:.1e}")
+        if not th["certified"] and not (b["l_lower"] > 0 and b["l_lower"] * th["slice_radius"] <= b["g_up"]):
+            break  # the enclosure is not positive definite: a larger box only widens it
         if th["certified"]:
             consts = {**b, "lambda_min": lam, "dX": dX.reshape(-1).tolist()}
             cert = Certificate(

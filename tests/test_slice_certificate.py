@@ -121,3 +121,22 @@ def test_a_strict_local_minimiser_that_misfits_is_refused():
     assert problem.loss(res.X) > 1e-12  # seeded: this start ends at the spurious minimiser
     cert, why = slice_certificate(problem, res.X, symmetries(problem), None, iterations=0)
     assert cert is None and "exact fits" in why
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_lambda_min_bound_against_flints_enclosure(seed):
+    """The Weyl-Ostrowski bound is below flint's rigorous eigenvalue enclosure (rump) and within
+    N eps ||A|| of it, on ball matrices with and without radii, definite and indefinite."""
+
+    from proofs_check.rigorous import _arb_array
+
+    rng = np.random.default_rng(seed)
+    N = 12
+    Q = np.linalg.qr(rng.standard_normal((N, N)))[0]
+    ev = np.geomspace(1e-7, 1.0, N) - (0.5 if seed % 2 else 0.0)
+    A = (Q * ev) @ Q.T
+    Hb = _arb_array(A, 1e-12 if seed >= 2 else 0.0)
+    fast, rump = lambda_min_lower(Hb), lambda_min_lower(Hb, method="rump")
+    assert fast <= rump + 1e-15
+    assert rump - fast <= 100 * N * np.finfo(float).eps
+    assert fast <= float(np.linalg.eigvalsh(A)[0])
