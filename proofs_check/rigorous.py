@@ -120,9 +120,11 @@ def _arb_exp(A):
     return out
 
 
-def hessian_on_box(Xc, radius, W, u, B, gamma):
+def hessian_on_box(Xc, radius, W, u, B, gamma, dX=None):
+    """Ball Hessian (one head) on the box ``|X - Xc| <= radius``, or ``|X - (Xc + dX)| <= radius``
+    (the double-double centre summed exactly: call at 128 bits or more, see `hessian_enclosure`)."""
     d, n = Xc.shape
-    X = _arb_array(Xc, radius)
+    X = _arb_array(Xc, radius) if dX is None else _arb_array(Xc, radius) + _arb_array(dX)
     Wa, ua, Ba = _arb_array(W), _arb_array(u), _arb_array(B)
     G2 = _arb_array(np.full((d, n), gamma**2))
     cols = []
@@ -133,20 +135,25 @@ def hessian_on_box(Xc, radius, W, u, B, gamma):
     return np.array(cols).T
 
 
-def hessian_enclosure(problem, Xc, radius: float) -> "flint.arb_mat":
+def hessian_enclosure(problem, Xc, radius: float, dX=None) -> "flint.arb_mat":
     """(dn, dn) ball matrix containing the Hessian of the attention-matrix loss (all heads and the
-    regulariser, row-major vec of X) at every X of the box ``|X - Xc| <= radius`` (entrywise)."""
+    regulariser, row-major vec of X) at every X of the box ``|X - Xc| <= radius`` (entrywise),
+    centred at the double-double point ``Xc + dX`` when ``dX`` is given (128-bit balls)."""
     from solver.problem import ATTENTION
 
     if problem.variant != ATTENTION:
         raise ValueError("hessian_enclosure is for the attention-matrix loss")
-    d, n = Xc.shape
-    total = None
-    for h in range(problem.heads):
-        Hh = hessian_on_box(Xc, radius, problem.W[h], problem.U[h], problem.B[h], 0.0)
-        total = Hh if total is None else total + Hh
-    total = total + np.diag(_arb_array(problem.Gamma.reshape(-1) ** 2))
-    return flint.arb_mat(total.tolist())
+    prec = flint.ctx.prec
+    flint.ctx.prec = max(prec, 128)
+    try:
+        total = None
+        for h in range(problem.heads):
+            Hh = hessian_on_box(Xc, radius, problem.W[h], problem.U[h], problem.B[h], 0.0, dX=dX)
+            total = Hh if total is None else total + Hh
+        total = total + np.diag(_arb_array(problem.Gamma.reshape(-1) ** 2))
+        return flint.arb_mat(total.tolist())
+    finally:
+        flint.ctx.prec = prec
 
 
 def _to_object(M: "flint.arb_mat") -> np.ndarray:
@@ -163,8 +170,13 @@ def slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
     - ``g_up``: upper bound on ``||P^T grad L(X + dX)||`` (double-double point, 320-bit balls);
     - ``s_P``: upper bound on ``||P||_2`` (``sqrt(1 + ||P^T P - I||_F)``, Weyl);
     - ``l_lower``: lower bound on ``lambda_min(P^T hess L(Y) P)`` for every Y in the box
-      ``|Y - X| <= box_radius`` (`hessian_enclosure`, then `lambda_min_lower`);
-    - ``dX_inf``, ``dX_2``: upper bounds on ``||dX||_inf`` and ``||dX||_2``.
+      ``|Y - (X + dX)| <= box_radius`` (`hessian_enclosure`, then `lambda_min_lower`);
+    - ``dX_inf``, ``dX_2``: ``||dX||_inf`` and an upper bound on ``||dX||_2``.
+
+    The box is centred at the polished point, not at X: its half-width then only has to hold
+    the slice ball (about ``g_up / l_lower``, 1e-23 after a polish), and the ball Hessian's
+    overestimation (about 3e8 times the box at (8, 32), one head: the softmax derivative's
+    cancellations) stays far below ``lambda_min``.
     """
     P = np.asarray(P, np.float64)
     Pa = flint.arb_mat(P.tolist())
@@ -178,7 +190,7 @@ def slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
     dev = sum(((PtP[i, j] - (1 if i == j else 0)) * (PtP[i, j] - (1 if i == j else 0)) for i in range(k)
                for j in range(k)), flint.arb(0))
     s_P = float((1 + flint.arb(dev.upper()).sqrt()).sqrt().upper())
-    Hb = hessian_enclosure(problem, np.asarray(X, np.float64), float(box_radius))
+    Hb = hessian_enclosure(problem, np.asarray(X, np.float64), float(box_radius), dX=np.asarray(dX, np.float64))
     l_lower = lambda_min_lower(_to_object(Pa.transpose() * Hb * Pa))
     dXa = _arb_array(np.abs(dX))
     dX_2 = float(flint.arb(sum((v * v for v in dXa.reshape(-1)), flint.arb(0)).upper()).sqrt().upper())
@@ -189,16 +201,16 @@ def slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
 def slice_theorem(b: dict) -> dict:
     """What the `slice_bounds` numbers prove, or why not.
 
-    phi(z) = L(X + dX + P z). If ``||z|| <= r`` then ``X + dX + P z`` lies in the box of half-width
-    ``dX_inf + s_P r`` around X; with ``r = (box_radius - dX_inf) / s_P`` every such point is in the
-    box, so phi is ``l_lower``-strongly convex on the ball ``||z|| <= r``. If moreover
+    phi(z) = L(X + dX + P z). If ``||z|| <= r`` then ``||P z||_inf <= ||P z||_2 <= s_P r``, so with
+    ``r = box_radius / s_P`` every such point lies in the box around ``X + dX``, and phi is
+    ``l_lower``-strongly convex on the ball ``||z|| <= r``. If moreover
     ``l_lower r > g_up >= ||grad phi(0)||``, the minimiser of phi on the closed ball is interior
     (on the sphere ``grad phi(z) . z >= -g_up r + l_lower r^2 > 0``), so phi has a critical point
     ``z*`` there, the only one in the ball (strict convexity), with ``||z*|| <= g_up / l_lower``;
     hence ``||X - X*||_2 <= dX_2 + s_P g_up / l_lower`` for ``X* = X + dX + P z*``.
     """
     A = flint.arb
-    r = float(((A(b["box_radius"]) - A(b["dX_inf"])) / A(b["s_P"])).lower())  # rounded down
+    r = float((A(b["box_radius"]) / A(b["s_P"])).lower())  # rounded down
     ok = bool(b["l_lower"] > 0 and r > 0 and (A(b["l_lower"]) * A(r) - A(b["g_up"])).lower() > 0)
     out = {"certified": ok, "slice_radius": r}
     if ok:

@@ -21,7 +21,7 @@ local Newton one fails, as on one head at d >= 8, where lambda_min ~ 1e-6 agains
 a gradient below float64's rounding floor) needs no Hessian-Lipschitz constant: X is polished to
 a double-double point ``X + dX`` (``constants["dX"]``) by Newton steps whose gradients are
 evaluated in 320-bit ball arithmetic, and the Hessian is enclosed in ball arithmetic on a whole
-box around X (:func:`proofs_check.rigorous.slice_bounds`, :func:`~proofs_check.rigorous.slice_theorem`):
+box around ``X + dX`` (:func:`proofs_check.rigorous.slice_bounds`, :func:`~proofs_check.rigorous.slice_theorem`):
 strongly convex there on the slice, with a gradient at ``X + dX`` far below ``l_lower`` times the
 slice radius, so L has exactly one critical point on that slice ball and
 ``||X - X*|| <= error_bound``. It is issued only for exact fits (``L(X)`` at float64 rounding,
@@ -215,11 +215,11 @@ def slice_basis(problem: Problem, X, sym) -> np.ndarray:
 
 
 def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
-                      box_scales=(1e-13, 1e-11, 1e-9)) -> tuple[Certificate | None, str]:
+                      box_scales=(1e-20, 1e-16, 1e-12)) -> tuple[Certificate | None, str]:
     """The ``interval-hessian`` certificate at X (see the module docstring), or ``(None, why not)``.
 
     Polishes X to ``X + dX`` (up to 3 Newton steps on the slice: float64 Hessian, 320-bit ball
-    gradient), then tries boxes of half-width ``||dX||_inf + s ||X||_max`` for ``s`` in
+    gradient), then tries boxes around ``X + dX`` of half-width ``s max(1, ||X||_max)`` for ``s`` in
     ``box_scales`` (a larger box allows a larger gradient, a smaller one a tighter Hessian
     enclosure) until :func:`proofs_check.rigorous.slice_theorem` holds.
     """
@@ -253,7 +253,7 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     scale = max(1.0, float(np.abs(X).max()))
     tried = []
     for s in box_scales:
-        b = slice_bounds(problem, X, dX, P, float(np.max(np.abs(dX))) + s * scale)
+        b = slice_bounds(problem, X, dX, P, s * scale)
         b.pop("hessian_mid")
         th = slice_theorem(b)
         tried.append(f"box {b['box_radius']:.1e}: lambda_min >= {b['l_lower']:.2e}, ||grad|| <= {b['g_up']:.1e}")

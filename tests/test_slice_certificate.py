@@ -53,7 +53,8 @@ def test_two_heads_slice_certificate_on_the_whole_space():
     ("error_bound", lambda c: c.error_bound / 10, "error bound"),
     ("radius", lambda c: c.radius * 10, "uniqueness radius"),
     ("dX", lambda c: (np.asarray(c.constants["dX"]) + 1e-3).tolist(), "not a polish"),
-    ("box_radius", lambda c: 1e-16, "slice theorem fails"),
+    ("box_radius", lambda c: 1e-40, "slice theorem fails"),  # l r < ||grad||
+    ("box_radius", lambda c: 0.1, "slice theorem fails"),  # the enclosure is not positive definite
     ("box_radius", lambda c: float("nan"), "not finite"),
 ])
 def test_tampered_slice_certificates_are_rejected(one_head, field, value, message):
@@ -83,13 +84,13 @@ def test_a_box_too_large_for_the_curvature_is_refused(one_head):
 
 
 def test_slice_theorem_arithmetic():
-    base = {"box_radius": 1e-10, "dX_inf": 1e-12, "dX_2": 2e-12, "s_P": 1.0, "l_lower": 1e-3, "g_up": 1e-20}
+    base = {"box_radius": 1e-10, "dX_inf": 1e-12, "dX_2": 2e-12, "s_P": 1.0 + 1e-15, "l_lower": 1e-3, "g_up": 1e-20}
     th = slice_theorem(base)
-    assert th["certified"] and th["slice_radius"] <= 1e-10 - 1e-12
-    assert th["error_bound"] >= 2e-12 + 1e-20 / 1e-3
-    assert not slice_theorem({**base, "g_up": 1e-13})["certified"]  # l r = 9.9e-14 < g
+    assert th["certified"] and th["slice_radius"] * base["s_P"] <= 1e-10  # the slice ball stays in the box
+    assert th["error_bound"] >= 2e-12 + base["s_P"] * 1e-20 / 1e-3
+    assert not slice_theorem({**base, "g_up": 1e-13})["certified"]  # l r = 1e-13 is not > g
     assert not slice_theorem({**base, "l_lower": -1e-3})["certified"]
-    assert not slice_theorem({**base, "dX_inf": 2e-10})["certified"]  # the polish leaves the box
+    assert not slice_theorem({**base, "box_radius": 1e-18})["certified"]  # l r = 1e-21 < g
 
 
 def test_lambda_min_lower_of_an_exact_matrix_is_finite():
