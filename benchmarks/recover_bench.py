@@ -33,6 +33,10 @@ from solver.symmetry import distance_to_orbit  # noqa: E402
 
 
 def accuracy(args):
+    if args.slice_cert_max is not None:
+        import solver.certificate
+
+        solver.certificate.SLICE_CERT_MAX = args.slice_cert_max
     rows = []
     families = [("attention, 2 heads", dict(heads=2)), ("attention, 1 head", dict(heads=1)),
                 ("output, W_V", dict(heads=1, variant="output"))]
@@ -270,6 +274,9 @@ def main(argv=None):
     ap.add_argument("--starts", type=int, default=12, help="roots: random starts per instance")
     ap.add_argument("--instances", type=int, default=20)
     ap.add_argument("--sizes", default="4,8,16,32")
+    ap.add_argument("--slice-cert-max", type=int, default=None,
+                    help="accuracy: largest dn at which the interval-Hessian certificate is tried "
+                         "(default solver.certificate.SLICE_CERT_MAX)")
     ap.add_argument("--families", default="two,one,output", help="accuracy: any of two,one,output")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
