@@ -20,6 +20,10 @@ Policies:
   read-out alone usually ranks the true token first.
 - `BruteForcePolicy`: the whole vocabulary in a random order (the baseline).
 
+At the last layer the gradient policy also proposes the tokens the model itself predicts after
+the recovered prefix (`_PriorGate`: free from the observed ``H[t-1]``, kept only while it earns
+its batch slots, so random-token prompts hardly pay for it).
+
 Either way at most ``|V|`` candidates are verified per position. Theorem 3.2: if every observed
 state is within ``eps`` of the true one and ``eps < Delta / 2``, where ``Delta`` is the minimum
 distance between the states of two different candidates at that position, exactly one candidate
@@ -399,6 +403,10 @@ class GradientPolicy:
     - ``per_chain``: proposals per chain in the first rounds; doubled every second round
       after that, up to ``max_batch`` candidates per round.
     - ``max_batch``: most candidates per verifier batch.
+    - ``lm_first``: when `sipit` passes the model's next-token logits (``prior``, see
+      `_PriorGate`), that many of its most likely unvisited tokens join the first batch (0: the
+      prior is never used); ``lm_step``: likewise for each quasi-Newton step; each secant batch
+      gives a quarter of its slots to the prior.
     """
 
     name = "gradient"
