@@ -65,6 +65,7 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         return _recheck_slice(cert, problem, np.asarray(X, np.float64), sym)
     X = np.asarray(X, np.float64)
     d, n = X.shape
+    _require_dense_hessian_memory(problem, d * n)
     loss, args = _loss_and_args(problem)
     g = np.asarray(jax.grad(loss)(X, *args)).reshape(-1)
     Hm = np.asarray(jax.hessian(loss)(X, *args)).reshape(d * n, d * n)
@@ -124,6 +125,24 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {bound:.3e}")
     return {"status": "certified", "lambda_min": float(ev[0]), "M": M, "m": m, "radius": r, "grad_norm": gn,
             "error_bound": bound}
+
+
+def _require_dense_hessian_memory(problem: Problem, dn: int) -> None:
+    """Refuse, before allocating, a dense ``jax.hessian`` that would not fit in memory.
+
+    Estimate: the (dn)^2 Hessian, plus ``jax.hessian``'s batched intermediates (about four
+    (dn, H n^2) and four (dn, dn) float64 arrays). At (64, 256), two heads, that is 79 GB: the
+    process was killed by the kernel at 23 GB; (64, 128) (11 GB estimated) rechecked.
+    """
+    from solver.errors import MemoryBudgetError
+    from solver.memory import GIB, available_bytes
+
+    need = 8 * dn * (5 * dn + 4 * problem.heads * problem.n**2)
+    budget = int(0.75 * available_bytes())
+    if need > budget:
+        raise MemoryBudgetError(
+            f"recheck forms the dense Hessian with jax.hessian: about {need / GIB:.1f} GiB at dn = {dn}, over the "
+            f"{budget / GIB:.1f} GiB available; nothing was allocated")
 
 
 def _residual_mp(problem: Problem, X, digits: int = 30) -> float:

@@ -141,3 +141,18 @@ def test_fast_lambda_min_bound_against_flints_enclosure(seed):
     assert fast <= rump + 1e-15
     assert rump - fast <= 100 * N * np.finfo(float).eps
     assert fast <= float(np.linalg.eigvalsh(A)[0])
+
+
+def test_recheck_refuses_a_dense_hessian_that_would_not_fit(monkeypatch):
+    """(64, 256) once got the process killed by the kernel at 23 GB: refuse before allocating."""
+    import solver.memory
+    from solver.errors import MemoryBudgetError
+
+    problem, _ = planted_instance(4, 8, seed=1, heads=2)
+    res = recover(problem, certify=False, validate=False, max_iter=60)
+    assert res.status == "certified" and res.certificate.kind == "local-newton"
+    monkeypatch.setattr(solver.memory, "available_bytes", lambda: 10**5)
+    with pytest.raises(MemoryBudgetError, match="dense Hessian"):
+        recheck(res.certificate, problem, res.X)
+    monkeypatch.undo()
+    assert recheck(res.certificate, problem, res.X)["status"] == "certified"
