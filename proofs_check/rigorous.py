@@ -31,6 +31,19 @@ def _arb_array(a, rad=0.0):
     return out
 
 
+def _norm_upper(entries) -> float:
+    """Upper bound on ``sqrt(sum |x|^2)`` over arb balls ``x``, as a float (rounded up).
+
+    Squares via ``u * u`` with ``u = |x|.upper()``: python-flint 0.9's ``x ** 2`` is nan for a
+    ball centred at exactly 0.
+    """
+    total = flint.arb(0)
+    for x in entries:
+        u = abs(x).upper()
+        total += u * u
+    return float(flint.arb(total.upper()).sqrt().upper())
+
+
 def _rowsum(A):
     s = A.sum(axis=1)
     return np.repeat(s[:, None], A.shape[1], axis=1)
@@ -183,17 +196,14 @@ def slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
     mid, rad = gradient_enclosure(problem, X, dX)
     g = flint.arb_mat([[flint.arb(float(m), float(r))] for m, r in zip(mid.reshape(-1), rad.reshape(-1))])
     gz = Pa.transpose() * g
-    g_up = float(flint.arb(sum((gz[i, 0] * gz[i, 0] for i in range(gz.nrows())), flint.arb(0)).upper()).sqrt().upper())
+    g_up = _norm_upper(gz[i, 0] for i in range(gz.nrows()))
     PtP = Pa.transpose() * Pa
     k = PtP.nrows()
-    # x * x, not x ** 2: arb's power of a ball centred at exactly 0 is nan in python-flint 0.9
-    dev = sum(((PtP[i, j] - (1 if i == j else 0)) * (PtP[i, j] - (1 if i == j else 0)) for i in range(k)
-               for j in range(k)), flint.arb(0))
-    s_P = float((1 + flint.arb(dev.upper()).sqrt()).sqrt().upper())
+    dev = _norm_upper(PtP[i, j] - (1 if i == j else 0) for i in range(k) for j in range(k))
+    s_P = float((1 + flint.arb(dev)).sqrt().upper())
     Hb = hessian_enclosure(problem, np.asarray(X, np.float64), float(box_radius), dX=np.asarray(dX, np.float64))
     l_lower = lambda_min_lower(_to_object(Pa.transpose() * Hb * Pa))
-    dXa = _arb_array(np.abs(dX))
-    dX_2 = float(flint.arb(sum((v * v for v in dXa.reshape(-1)), flint.arb(0)).upper()).sqrt().upper())
+    dX_2 = _norm_upper(_arb_array(dX).reshape(-1))
     return {"g_up": g_up, "s_P": s_P, "l_lower": l_lower, "dX_inf": float(np.max(np.abs(dX))) if dX.size else 0.0,
             "dX_2": dX_2, "box_radius": float(box_radius), "hessian_mid": Hb}
 
@@ -236,18 +246,8 @@ def lambda_min_lower_symmetric(A: np.ndarray) -> float:
     C = Vm.transpose() * Am * Vm
     G = Vm.transpose() * Vm
     diag_low = min(float(C[i, i].lower()) for i in range(N))
-    off = flint.arb(0)
-    f = flint.arb(0)
-    for i in range(N):
-        for j in range(N):
-            g = G[i, j] - (1 if i == j else 0)
-            gu = abs(g).upper()
-            f += gu * gu
-            if i != j:
-                cu = abs(C[i, j]).upper()
-                off += cu * cu
-    off_norm = flint.arb(off.upper()).sqrt().upper()
-    f_norm = flint.arb(f.upper()).sqrt().upper()
+    off_norm = flint.arb(_norm_upper(C[i, j] for i in range(N) for j in range(N) if i != j))
+    f_norm = flint.arb(_norm_upper(G[i, j] - (1 if i == j else 0) for i in range(N) for j in range(N)))
     if not float(f_norm) < 0.5:
         return -math.inf
     c = flint.arb(diag_low) - off_norm
@@ -266,13 +266,7 @@ def lambda_min_lower(Hb, method: str = "ostrowski") -> float:
     mid = [[float(Hb[i, j].mid()) for j in range(N)] for i in range(N)]
     mid = [[(mid[i][j] + mid[j][i]) / 2 for j in range(N)] for i in range(N)]  # exact in float64? bound below
     # the symmetrisation error and every radius go into the perturbation matrix
-    pert = flint.arb(0)
-    for i in range(N):
-        for j in range(N):
-            dev = abs(Hb[i, j] - flint.arb(mid[i][j]))  # ball containing |H_ij - mid_ij|
-            up = dev.upper()
-            pert += up * up  # not up ** 2: nan for an exact 0 in python-flint 0.9
-    pert_norm = pert.sqrt().upper()
+    pert_norm = flint.arb(_norm_upper(Hb[i, j] - flint.arb(mid[i][j]) for i in range(N) for j in range(N)))
     if method == "rump":
         eig = flint.acb_mat(mid).eig(multiple=True, algorithm="rump")
         lam_lower = min(float(e.real.lower()) for e in eig)

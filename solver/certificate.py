@@ -263,7 +263,7 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
             consts = {**b, "lambda_min": lam, "dX": dX.reshape(-1).tolist()}
             cert = Certificate(
                 status="certified", fingerprint=problem.fingerprint(), X_digest=array_digest(X),
-                symmetry_dimension=sym.dimension, sign_flip=sym.sign_flip, loss=float(problem.loss(X)),
+                symmetry_dimension=sym.dimension, sign_flip=sym.sign_flip, loss=loss,
                 grad_norm=b["g_up"], error_bound=th["error_bound"], radius=th["slice_radius"], constants=consts,
                 region=Region.around(problem, X, b["box_radius"] * math.sqrt(d * n)).as_dict(),
                 validation=validation, iterations=iterations, iteration_bound=None,
