@@ -207,9 +207,8 @@ class _Context:
             self.verify_states(self.w, ck, cv, jnp.int32(0), jnp.zeros((n,), jnp.int32), z)[0].block_until_ready()
             n *= 2
         self.state(ck, cv, 0, jnp.zeros((1, self.model.config.d_model), jnp.float32)).block_until_ready()
-        self.next_logits(z).block_until_ready()
-        if self.layer < self.model.config.n_layers:  # the prior's forward pass of the prefix
-            self.model.hidden_states(np.zeros(_bucket(max_len), dtype=np.int32))[-1].block_until_ready()
+        if self.layer == self.model.config.n_layers:  # the model's prior, on by default only here
+            self.next_logits(z).block_until_ready()
         e = jnp.zeros((chains, self.model.config.d_model), jnp.float32)
         self.sgd(self.w, ck, cv, jnp.int32(0), z, z + 1, e, jnp.int32(0), jnp.int32(1), jnp.float32(1.0),
                  jnp.float32(40.0))[0].block_until_ready()
@@ -236,7 +235,8 @@ class BruteForcePolicy:
         self.rng = np.random.default_rng(seed)
         self.candidates = None if candidates is None else np.asarray(candidates, dtype=np.int32)
 
-    def proposals(self, ctx: _Context, ck, cv, pos: int, target, visited: np.ndarray):
+    def proposals(self, ctx: _Context, ck, cv, pos: int, target, visited: np.ndarray, prior=None):
+        """Yield candidate id batches (``prior`` is ignored: the baseline has no ordering)."""
         pool = np.arange(ctx.model.config.vocab_size, dtype=np.int32) if self.candidates is None else self.candidates
         order = self.rng.permutation(pool).astype(np.int32)
         for s in range(0, len(order), self.batch):
@@ -678,8 +678,7 @@ def sipit(
         accepted = None
         logits = gate.logits(t, recovered) if gate is not None else None
         prior = gate.offer(logits) if gate is not None else None
-        proposals = pol.proposals(ctx, ck, cv, t, target, visited, prior=prior) if prior is not None else \
-            pol.proposals(ctx, ck, cv, t, target, visited)
+        proposals = pol.proposals(ctx, ck, cv, t, target, visited, prior=prior)
         ids = next(proposals, None)
         while ids is not None:
             ids = ids[~visited[ids]][: limit - tried]
