@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from solver.errors import InvalidProblemError, UnmaskError
-from unmask.models.smollm import SmolLM, SmolLMWeights, _rms_norm
+from unmask.models.smollm import SmolLM, SmolLMWeights
 
 #: Default verifier radius, relative to the norm of the observed state. Everything is float32
 #: (unit roundoff 6e-8); recomputing a state in another summation order (a batched KV-cache pass
@@ -179,12 +179,7 @@ class _Context:
             # ||H[t] - a - B^T E_v||^2 for every row of E: one (V, d) @ (d, d) product
             return jnp.sum(jnp.square(target - a - E @ B), axis=1)
 
-        def next_logits(h):
-            # the model's next-token logits from a state after the last block (final norm, tied
-            # embedding), as `SmolLM.logits` computes them
-            return _rms_norm(h, model.weights.final_norm, model.config.norm_eps) @ E.T
-
-        self.next_logits = jax.jit(next_logits)
+        self.next_logits = jax.jit(model.head)  # the model's prior (see `_PriorGate`)
         self.verify = jax.jit(verify)
         self.verify_states = jax.jit(verify_states)
         self.sgd = jax.jit(sgd)

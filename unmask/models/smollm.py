@@ -391,7 +391,10 @@ class SmolLM:
 
     def logits(self, tokens) -> jax.Array:
         """Next-token logits for every position, shape ``(T, V)`` (final RMSNorm, tied embedding)."""
-        h = self.hidden_states(tokens)[-1]
+        return self.head(self.hidden_states(tokens)[-1])
+
+    def head(self, h) -> jax.Array:
+        """Next-token logits from states after the last block, ``(..., d) -> (..., V)``: final RMSNorm, tied embedding."""
         return _rms_norm(h, self.weights.final_norm, self.config.norm_eps) @ self.weights.embed.T
 
     def empty_cache(self, n_layers: int, max_len: int) -> tuple[jax.Array, jax.Array]:
