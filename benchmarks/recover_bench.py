@@ -48,24 +48,30 @@ def accuracy(args):
             n = mult * d
             for label, kw in families:
                 exact = certified = rechecked = 0
-                errs, times = [], []
+                errs, times, recheck_times, kinds = [], [], [], {}
                 for seed in range(args.instances):
                     problem, X = planted_instance(d, n, seed=seed, **kw)
                     t = time.perf_counter()
-                    res = recover(problem, certify=False, validate=seed == 0, restarts=4, max_iter=60)
+                    res = recover(problem, certify=False, validate=seed == 0, max_iter=60,
+                                  restarts=None if kw.get("variant") == "output" else 4)
                     times.append(time.perf_counter() - t)
                     err = distance_to_orbit(problem, res.X, X)
                     errs.append(err)
                     exact += err <= 1e-8
                     if res.status == "certified":
+                        kinds[res.certificate.kind] = kinds.get(res.certificate.kind, 0) + 1
                         certified += 1
                         try:
+                            t = time.perf_counter()
                             rechecked += recheck(res.certificate, problem, res.X)["status"] == "certified"
+                            recheck_times.append(time.perf_counter() - t)
                         except MemoryBudgetError as e:  # counted as not rechecked, and said
                             print(f"  seed {seed}: not rechecked: {e}", flush=True)
                 row = {"family": label, "d": d, "n": n, "instances": args.instances, "exact": exact,
                        "certified": certified, "rechecked": rechecked, "median_error": float(np.median(errs)),
-                       "worst_error": float(np.max(errs)), "median_seconds": float(np.median(times))}
+                       "worst_error": float(np.max(errs)), "median_seconds": float(np.median(times)),
+                       "median_recheck_seconds": float(np.median(recheck_times)) if recheck_times else None,
+                       "kinds": kinds}
                 rows.append(row)
                 print(f"{label:20s} d={d:3d} n={n:4d}  exact {exact}/{args.instances}  certified {certified} "
                       f"(rechecked {rechecked})  median err {row['median_error']:.1e}  worst {row['worst_error']:.1e}  "

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .certificate import Certificate, build_certificate, final_constants, gradient_safety
-from .errors import CertificationError
+from .errors import CertificationError, InvalidProblemError
 from .newton import DENSE_MAX, History, certified_newton, levenberg_marquardt
 from .problem import ATTENTION, OUTPUT, Problem
 from .symmetry import symmetries
@@ -53,6 +53,7 @@ class Result:
     - `init`: how the start was obtained (``"algebraic"`` or ``"random-restarts"``)
     - `symmetry_dimension`: dimension of the instance's symmetry group (orbit)
     - `seconds`: wall time
+    - `starts`: random starts tried (0 when the start was given or from the closed form)
     """
 
     X: np.ndarray
@@ -62,6 +63,7 @@ class Result:
     init: str = ""
     symmetry_dimension: int = 0
     seconds: float = 0.0
+    starts: int = 0
 
 
 def _rounded_region(region):
@@ -142,8 +144,12 @@ def _starts(problem: Problem, restarts: int, seed: int):
     return [rng.normal(scale=scale, size=(problem.d, problem.n)) for _ in range(restarts)]
 
 
+RESTARTS = 8  # random starts where the closed form does not apply
+SQUARE_OUTPUT_RESTARTS = 32  # the square output system: about 5% of starts reach a root at (8, 16)
+
+
 def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bool = True, gtol: float = 1e-10,
-            max_iter: int = 200, restarts: int = 8, seed: int = 0) -> Result:
+            max_iter: int = 200, restarts: int | None = None, seed: int = 0) -> Result:
     """Recover X from a :class:`~solver.problem.Problem`.
 
     **Arguments**
@@ -155,12 +161,15 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     - `validate`: run the checker's fast validation of the M lemma on the region
     - `gtol`: stop when the gradient norm (off the orbit) is at most this (or the
       float64 rounding floor is reached)
-    - `restarts`, `seed`: random starts when the closed form does not apply
+    - `restarts`, `seed`: random starts when the closed form does not apply (default
+      ``RESTARTS`` = 8; ``SQUARE_OUTPUT_RESTARTS`` = 32 for the square output system, where
+      the search stops at the first start that ends on a proved root)
 
     The square attention-output system (one head, d_v = d, no regulariser): each random start
     runs LM, then Newton on ``O(X) = B`` (:func:`solver.roots.polish`), and the first one that
     ends on a root proved by Kantorovich's test is returned with a ``kantorovich-root``
-    certificate. Such a system can have several exact solutions; :func:`solver.roots.find_roots`
+    certificate. Its least-squares landscape has many positive-loss local minima (losses 1e-9
+    to 1e-4 at (8, 16)): about one start in twenty reaches a root there, hence the 32 starts. Such a system can have several exact solutions; :func:`solver.roots.find_roots`
     counts them, and where there are two the outputs do not determine X.
 
     Returns a :class:`Result`.
@@ -172,6 +181,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     sym = symmetries(problem)
     history = History()
     init = "given"
+    starts = 0
     if X_init is not None:
         X = np.asarray(problem.check_X(X_init, "X_init"), np.float64)
     else:
@@ -183,10 +193,15 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
             init = "random-restarts"
             best = None
             square = square_output(problem)
+            if restarts is None:
+                restarts = SQUARE_OUTPUT_RESTARTS if square else RESTARTS
+            if restarts < 1:
+                raise InvalidProblemError(f"recover: restarts must be >= 1 where the closed form does not apply, got {restarts}")
             # one square head: LM on 1/2 ||F X^T - B W_V^-1||^2, the same roots without W_V's distortion
             # of the landscape (twice the starts reach a root at (4, 16)); roots are then polished on B
             start_problem = _unwhitened(problem) if square and problem.heads == 1 else problem
             for X0 in _starts(problem, restarts, seed):
+                starts += 1
                 X0 = _log_phase(start_problem, X0, sym, gtol, None)
                 Xc = levenberg_marquardt(start_problem, X0, History(), 200 if square else 60, gtol)
                 if square:  # Newton on O(X) = B, and stop at the first start that ends on a proved root
@@ -236,7 +251,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         if root.exists:
             cert = root_certificate(problem, Xp, root, sym, None, iterations=0)
             return Result(X=Xp, status="certified", certificate=cert, history=history.as_list(), init=init,
-                          symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
+                          symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts)
     slice_reason = ""
     if consts is None and problem.variant == ATTENTION and problem.Gamma.max() == 0:
         # no M needed: polish to a double-double point and enclose the Hessian on a whole box
@@ -245,7 +260,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0)
         if cert is not None:
             return Result(X=X, status="certified", certificate=cert, history=history.as_list(), init=init,
-                          symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
+                          symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts)
     if consts is None:
         M0 = hessian_lipschitz_on(problem, X, 0.0)  # the lemma's M at radius 0: a lower bound of the M used
         k = 4 * gradient_safety(problem) ** 2  # lambda_min^2 > 4 s^2 M ||grad|| (solver.newton.local_constants)
@@ -264,13 +279,13 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                 f"(n <= d, one head, zeros in B) or not yet near a minimiser; pass certify=False for an uncertified answer")
         cert = build_certificate(problem, X, None, sym, validation, iterations=0, status="uncertified", reason=reason)
         return Result(X=X, status="uncertified", certificate=cert, history=history.as_list(), init=init,
-                      symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
+                      symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts)
 
     X, iters = certified_newton(problem, X, consts, history, gtol, T=T)
     cert = build_certificate(problem, X, consts, sym, validation, iterations=iters,
                              final=(consts, gn, lam0) if iters == 0 else None)
     return Result(X=X, status=cert.status, certificate=cert, history=history.as_list(), init=init,
-                  symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0)
+                  symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts)
 
 
 def recover_attention(W, B, *, u=None, gamma=0.0, X0=None, **kwargs) -> Result:

@@ -24,6 +24,7 @@ def test_planted_two_head_recovery_is_exact_and_certified(d, heads, bias, seed):
     # the a-posteriori bound must hold against the planted truth (the unique nearby minimiser)
     assert distance_to_orbit(problem, result.X, X) * np.linalg.norm(X) <= cert.error_bound + 1e-12
     assert cert.iterations <= cert.iteration_bound
+    assert "it reproduces B" in cert.uniqueness  # loss at rounding: says it reproduces B
     assert recheck(cert, problem, result.X)["status"] == "certified"
 
 
@@ -92,3 +93,19 @@ def test_random_restarts_are_not_drawn_from_the_planted_stream():
     problem, X = planted_instance(4, 8, 1, seed=5)
     for X0 in _starts(problem, 4, seed=5):
         assert distance_to_orbit(problem, X0, X) > 1e-3
+
+
+def test_certificate_says_whether_its_minimiser_reproduces_B():
+    """The local certificate proves a unique critical point; its text says whether that point is an
+    exact fit (a recovery) or a local minimiser with positive loss, by the loss at X, not by claim."""
+    from solver.certificate import _fit_clause
+
+    problem, X = planted_instance(3, 6, 2, seed=4)
+    assert "it reproduces B" in _fit_clause(problem, float(problem.loss(X)))
+    far = X + 0.1  # residual about 1e-2 relative
+    assert "does NOT reproduce B" in _fit_clause(problem, float(problem.loss(far)))
+    # the threshold: a residual of 2e-8 relative is not called a fit, 5e-9 is
+    scale = max(1.0, float(np.linalg.norm(problem.B)))
+    assert "does NOT" in _fit_clause(problem, 0.5 * (2e-8 * scale) ** 2)
+    assert "it reproduces B" in _fit_clause(problem, 0.5 * (5e-9 * scale) ** 2)
+    assert "regularised" in _fit_clause(problem.with_regulariser(0.5), 0.0)

@@ -150,3 +150,23 @@ def test_property_output_certificates_always_recheck(d, mult, bias, seed):
             assert np.linalg.norm(residual(p, res.X)) <= 1e-12 * (1 + np.linalg.norm(p.B))
     else:
         assert res.certificate.status == "uncertified" and res.certificate.error_bound is None
+
+
+def test_square_output_restarts_stop_at_the_first_proved_root():
+    """Default restarts on a square output system: as many starts as it took to reach a proved root
+    (at most SQUARE_OUTPUT_RESTARTS), and the answer is that root; restarts < 1 is refused."""
+    from solver.errors import InvalidProblemError
+    from solver.recover import SQUARE_OUTPUT_RESTARTS, recover
+
+    p, _ = planted_instance(3, 6, heads=1, variant="output", seed=0)
+    res = recover(p, certify=False, validate=False)
+    assert res.init == "random-restarts" and 1 <= res.starts <= SQUARE_OUTPUT_RESTARTS
+    if res.status == "certified" and res.certificate.kind == "kantorovich-root":
+        # it stopped there: a later start would only have been tried had this one failed
+        again = recover(p, certify=False, validate=False, restarts=res.starts)
+        assert again.starts == res.starts and np.array_equal(again.X, res.X)
+        assert np.linalg.norm(residual(p, res.X)) <= 1e-12 * (1 + np.linalg.norm(p.B))
+    else:
+        assert res.starts == SQUARE_OUTPUT_RESTARTS
+    with pytest.raises(InvalidProblemError, match="restarts"):
+        recover(p, certify=False, validate=False, restarts=0)
