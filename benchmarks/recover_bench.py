@@ -27,7 +27,7 @@ from proofs_check.recheck import recheck  # noqa: E402
 from solver import Problem, planted_instance  # noqa: E402
 from solver.errors import MemoryBudgetError  # noqa: E402
 from solver.algebraic import algebraic_init  # noqa: E402
-from solver.errors import CertificationError  # noqa: E402
+from solver.errors import CertificateMismatchError, CertificationError  # noqa: E402
 from solver.io import atomic_write_json  # noqa: E402
 from solver.recover import recover  # noqa: E402
 from solver.symmetry import distance_to_orbit  # noqa: E402
@@ -65,8 +65,8 @@ def accuracy(args):
                             t = time.perf_counter()
                             rechecked += recheck(res.certificate, problem, res.X)["status"] == "certified"
                             recheck_times.append(time.perf_counter() - t)
-                        except MemoryBudgetError as e:  # counted as not rechecked, and said
-                            print(f"  seed {seed}: not rechecked: {e}", flush=True)
+                        except (MemoryBudgetError, CertificateMismatchError) as e:  # not rechecked, and said
+                            print(f"  seed {seed}: not rechecked: {type(e).__name__}: {e}", flush=True)
                 row = {"family": label, "d": d, "n": n, "instances": args.instances, "exact": exact,
                        "certified": certified, "rechecked": rechecked, "median_error": float(np.median(errs)),
                        "worst_error": float(np.max(errs)), "median_seconds": float(np.median(times)),

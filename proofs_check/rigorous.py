@@ -85,14 +85,35 @@ def grad_generic(X, W, u, B, exp):
     return W @ X @ G.T + W.T @ X @ G + u[:, None] @ (np.ones((1, n), dtype=ones.dtype) @ G)
 
 
+def grad_output_generic(X, W, u, Wv, B, exp):
+    """Gradient of ``1/2 ||F X^T Wv - B||^2`` (one head; F the row softmax of ``X^T W X + 1 u^T X``)
+    with +, *, @ and ``exp`` only (floats or arb balls).
+
+    With ``R = F X^T Wv - B`` and ``Phi = R (X^T Wv)^T`` (n, n): the softmax path is the attention
+    gradient with ``F o R`` replaced by ``F o Phi`` (``G = F o Phi - F o rowsum(F o Phi)``, then
+    ``W X G^T + W^T X G + u 1^T G``), and the direct path through ``X^T`` adds ``Wv R^T F``.
+    """
+    n = X.shape[1]
+    ones = np.ones((n, 1), dtype=object if X.dtype == object else float)
+    S = X.T @ W @ X + ones @ (u[None, :] @ X)
+    E = exp(S)
+    F = E / _rowsum(E)
+    Y = X.T @ Wv
+    R = F @ Y - B
+    FP = F * (R @ Y.T)
+    G = FP - F * _rowsum(FP)
+    return (W @ X @ G.T + W.T @ X @ G + u[:, None] @ (np.ones((1, n), dtype=ones.dtype) @ G)
+            + Wv @ R.T @ F)
+
+
 def gradient_enclosure(problem, X, dX=None) -> tuple[np.ndarray, np.ndarray]:
     """Midpoints and radii (d, n) of arb balls containing every entry of the exact gradient of the
-    attention-matrix loss (all heads and the regulariser) at the float64 point X, or at the
-    double-double point ``X + dX`` (``dX`` float64, summed exactly in arb) when ``dX`` is given."""
+    loss (attention maps or attention outputs; all heads and the regulariser) at the float64 point
+    X, or at the double-double point ``X + dX`` (``dX`` float64, summed exactly in arb) when ``dX``
+    is given."""
     from solver.problem import ATTENTION
 
-    if problem.variant != ATTENTION:
-        raise ValueError("gradient_enclosure is for the attention-matrix loss")
+    output = problem.variant != ATTENTION
     prec = flint.ctx.prec
     # float64 data are exact in arb; 128 bits keep the balls far below float64's rounding, 320 bits
     # keep them far below the gradient of a double-double point (about 1e-30 after a polish)
@@ -101,8 +122,9 @@ def gradient_enclosure(problem, X, dX=None) -> tuple[np.ndarray, np.ndarray]:
         Xa = _arb_array(X) if dX is None else _arb_array(X) + _arb_array(dX)
         total = _arb_array(problem.Gamma**2) * (Xa - _arb_array(problem.X0))
         for h in range(problem.heads):
-            total = total + grad_generic(Xa, _arb_array(problem.W[h]), _arb_array(problem.U[h]),
-                                         _arb_array(problem.B[h]), _arb_exp)
+            W, u, B = _arb_array(problem.W[h]), _arb_array(problem.U[h]), _arb_array(problem.B[h])
+            total = total + (grad_output_generic(Xa, W, u, _arb_array(problem.W_V[h]), B, _arb_exp) if output
+                             else grad_generic(Xa, W, u, B, _arb_exp))
         mid = np.array([[float(v.mid()) for v in row] for row in total])
         rad = np.array([[float(v.rad()) for v in row] for row in total])
     finally:

@@ -115,8 +115,12 @@ class Certificate:
 
 
 def gradient_safety(problem: Problem) -> float:
-    """1 where the final gradient norm is bounded in ball arithmetic (attention maps, dn <= 20000), else 2."""
-    return 1.0 if problem.variant == ATTENTION and problem.d * problem.n <= RIGOROUS_GRADIENT_MAX else 2.0
+    """1 where the final gradient norm is bounded in ball arithmetic (dn <= 20000), else 2.
+
+    The output variant was on the float64 path until a planted (4, 8) instance (seed 27) showed
+    why that is not enough: the solver's float64 gradient 8.9e-17 against the reference
+    transcription's 2.1e-16, beyond the factor 2, and `recheck` rejected the certificate."""
+    return 1.0 if problem.d * problem.n <= RIGOROUS_GRADIENT_MAX else 2.0
 
 
 def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, float, float]:
