@@ -49,10 +49,10 @@ def accuracy(args):
             for label, kw in families:
                 exact = certified = rechecked = 0
                 errs, times, recheck_times, kinds = [], [], [], {}
-                for seed in range(args.instances):
+                for seed in range(args.seed_start, args.seed_start + args.instances):
                     problem, X = planted_instance(d, n, seed=seed, **kw)
                     t = time.perf_counter()
-                    res = recover(problem, certify=False, validate=seed == 0, max_iter=60,
+                    res = recover(problem, certify=False, validate=seed == args.seed_start, max_iter=60,
                                   restarts=None if kw.get("variant") == "output" else 4)
                     times.append(time.perf_counter() - t)
                     err = distance_to_orbit(problem, res.X, X)
@@ -67,7 +67,8 @@ def accuracy(args):
                             recheck_times.append(time.perf_counter() - t)
                         except (MemoryBudgetError, CertificateMismatchError) as e:  # not rechecked, and said
                             print(f"  seed {seed}: not rechecked: {type(e).__name__}: {e}", flush=True)
-                row = {"family": label, "d": d, "n": n, "instances": args.instances, "exact": exact,
+                row = {"family": label, "d": d, "n": n, "instances": args.instances, "seeds": [args.seed_start,
+                       args.seed_start + args.instances - 1], "exact": exact,
                        "certified": certified, "rechecked": rechecked, "median_error": float(np.median(errs)),
                        "worst_error": float(np.max(errs)), "median_seconds": float(np.median(times)),
                        "median_recheck_seconds": float(np.median(recheck_times)) if recheck_times else None,
@@ -285,6 +286,8 @@ def main(argv=None):
                     help="peers: which starts, any of algebraic,random (random starts at (32, 64) take long)")
     ap.add_argument("--starts", type=int, default=12, help="roots: random starts per instance")
     ap.add_argument("--instances", type=int, default=20)
+    ap.add_argument("--seed-start", type=int, default=0,
+                    help="accuracy: first seed (seeds seed_start .. seed_start + instances - 1), to split a cell")
     ap.add_argument("--sizes", default="4,8,16,32")
     ap.add_argument("--slice-cert-max", type=int, default=None,
                     help="accuracy: largest dn at which the interval-Hessian certificate is tried "

@@ -54,6 +54,8 @@ class Result:
     - `symmetry_dimension`: dimension of the instance's symmetry group (orbit)
     - `seconds`: wall time
     - `starts`: random starts tried (0 when the start was given or from the closed form)
+    - `balanced`: True when certification failed at first and X was moved along its orbit to the
+      smallest-norm point (:func:`solver.symmetry.balance_orbit`) and certified again
     """
 
     X: np.ndarray
@@ -64,6 +66,7 @@ class Result:
     symmetry_dimension: int = 0
     seconds: float = 0.0
     starts: int = 0
+    balanced: bool = False
 
 
 def _rounded_region(region):
@@ -227,40 +230,55 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     # globalise only until the local certificate can be tried; if it fails, go on to gtol and retry
     # second pass: to the rounding floor (5 iterations when matrix-free: each is up to CG_MAX_ITER HVPs)
     floor_iters = 30 if problem.d * problem.n <= DENSE_MAX else 5
-    for lm_tol, iters in ((max(gtol, 1e-6), max_iter), (0.0, floor_iters)):
-        X = levenberg_marquardt(problem, X, history, iters, lm_tol, T_fn=orbit)
-        T = orbit(X)
-        consts, gn, lam0 = final_constants(problem, X, T)
-        if consts is not None:
+    balanced = False
+    for attempt in range(2):
+        for lm_tol, iters in ((max(gtol, 1e-6), max_iter), (0.0, floor_iters)):
+            X = levenberg_marquardt(problem, X, history, iters, lm_tol, T_fn=orbit)
+            T = orbit(X)
+            consts, gn, lam0 = final_constants(problem, X, T)
+            if consts is not None:
+                break
+        validation = None
+        if consts is not None and validate:
+            from proofs_check.region import Region
+
+            validation = validate_region(Region.around(problem, X, consts.radius))
+            if validation["status"] != "OK":
+                consts = None
+        if consts is None and square_output(problem):
+            # the square output system: lambda_min = s_min(J)^2 is far below what the local Newton
+            # certificate needs, but Kantorovich on O(X) = B can still prove an exact solution
+            from .certificate import root_certificate
+            from .roots import kantorovich, polish
+
+            Xp = polish(problem, X)
+            root = kantorovich(problem, Xp)
+            if root.exists:
+                cert = root_certificate(problem, Xp, root, sym, None, iterations=0)
+                return Result(X=Xp, status="certified", certificate=cert, history=history.as_list(), init=init,
+                              symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
+                              balanced=balanced)
+        slice_reason = ""
+        if consts is None and problem.variant == ATTENTION and problem.Gamma.max() == 0:
+            # no M needed: polish to a double-double point and enclose the Hessian on a whole box
+            from .certificate import slice_certificate
+
+            cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0)
+            if cert is not None:
+                return Result(X=X, status="certified", certificate=cert, history=history.as_list(), init=init,
+                              symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
+                              balanced=balanced)
+        if consts is not None or attempt or not sym.lie_algebra.shape[0]:
             break
-    validation = None
-    if consts is not None and validate:
-        from proofs_check.region import Region
+        # the closed form gives X only up to the stabiliser, which is not compact for a generic W: a far
+        # representative (norm 4064 against 7.2 planted, one head (8, 16), seed 79: M = 2e12) defeats
+        # both certificates. Retry once at the orbit's smallest-norm point (solver.symmetry.balance_orbit).
+        from .symmetry import balance_orbit
 
-        validation = validate_region(Region.around(problem, X, consts.radius))
-        if validation["status"] != "OK":
-            consts = None
-    if consts is None and square_output(problem):
-        # the square output system: lambda_min = s_min(J)^2 is far below what the local Newton
-        # certificate needs, but Kantorovich on O(X) = B can still prove an exact solution
-        from .certificate import root_certificate
-        from .roots import kantorovich, polish
-
-        Xp = polish(problem, X)
-        root = kantorovich(problem, Xp)
-        if root.exists:
-            cert = root_certificate(problem, Xp, root, sym, None, iterations=0)
-            return Result(X=Xp, status="certified", certificate=cert, history=history.as_list(), init=init,
-                          symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts)
-    slice_reason = ""
-    if consts is None and problem.variant == ATTENTION and problem.Gamma.max() == 0:
-        # no M needed: polish to a double-double point and enclose the Hessian on a whole box
-        from .certificate import slice_certificate
-
-        cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0)
-        if cert is not None:
-            return Result(X=X, status="certified", certificate=cert, history=history.as_list(), init=init,
-                          symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts)
+        Xb, nb = balance_orbit(problem, sym, X)
+        if not nb < 0.99 * float(np.linalg.norm(X)):
+            break
+        X, balanced = Xb, True
     if consts is None:
         M0 = hessian_lipschitz_on(problem, X, 0.0)  # the lemma's M at radius 0: a lower bound of the M used
         k = 4 * gradient_safety(problem) ** 2  # lambda_min^2 > 4 s^2 M ||grad|| (solver.newton.local_constants)
@@ -279,13 +297,15 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                 f"(n <= d, one head, zeros in B) or not yet near a minimiser; pass certify=False for an uncertified answer")
         cert = build_certificate(problem, X, None, sym, validation, iterations=0, status="uncertified", reason=reason)
         return Result(X=X, status="uncertified", certificate=cert, history=history.as_list(), init=init,
-                      symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts)
+                      symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
+                  balanced=balanced)
 
     X, iters = certified_newton(problem, X, consts, history, gtol, T=T)
     cert = build_certificate(problem, X, consts, sym, validation, iterations=iters,
                              final=(consts, gn, lam0) if iters == 0 else None)
     return Result(X=X, status=cert.status, certificate=cert, history=history.as_list(), init=init,
-                  symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts)
+                  symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
+                  balanced=balanced)
 
 
 def recover_attention(W, B, *, u=None, gamma=0.0, X0=None, **kwargs) -> Result:

@@ -156,3 +156,15 @@ def test_recheck_refuses_a_dense_hessian_that_would_not_fit(monkeypatch):
         recheck(res.certificate, problem, res.X)
     monkeypatch.undo()
     assert recheck(res.certificate, problem, res.X)["status"] == "certified"
+
+
+def test_far_orbit_representative_is_balanced_then_certified():
+    """One head (8, 16), seed 79: the closed form returns X at norm 4064 on the planted X's orbit
+    (planted norm 7.2), where M = 2e12 and both certificates fail. recover moves it to the orbit's
+    smallest-norm point (7.04, in another component of the stabiliser) and certifies there."""
+    problem, X_true = planted_instance(8, 16, seed=79, heads=1)
+    res = recover(problem, certify=True, validate=False, max_iter=60)
+    assert res.status == "certified" and res.balanced
+    assert np.linalg.norm(res.X) <= np.linalg.norm(X_true)
+    assert distance_to_orbit(problem, res.X, X_true) * np.linalg.norm(X_true) <= res.certificate.error_bound
+    assert recheck(res.certificate, problem, res.X)["status"] == "certified"

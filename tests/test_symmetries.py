@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from solver import Problem
-from solver.symmetry import group_element, symmetries
+from solver import Problem, planted_instance
+from solver.symmetry import distance_to_orbit, group_element, symmetries
 from tests.helpers import random_instance
 
 
@@ -206,3 +206,36 @@ def test_minilm_layer_symmetry_without_dense_system():
     assert sym.dimension == 0 and sym.sign_flip
     v = np.linalg.solve(layer.Aq.reshape(384, 384), layer.bq.reshape(384))
     np.testing.assert_allclose(sym.reflection_shift, v, rtol=0, atol=1e-9 * np.abs(v).max())
+
+
+def test_balance_orbit_brings_a_far_representative_back():
+    """One head: X moved far along its orbit (a large element of the identity component, and a
+    flip into another component) comes back to a point of norm at most the planted one's, on
+    the same orbit (loss still at rounding, distance to the planted orbit at rounding)."""
+    from solver.symmetry import balance_orbit, component_flips
+
+    problem, X = planted_instance(8, 16, heads=1, seed=79)  # four hyperbolic directions
+    sym = symmetries(problem)
+    assert sym.lie_algebra.shape[0] == 4
+    Q = group_element(sym, np.array([3.0, -2.0, 4.0, 1.0]))
+    for F in [np.eye(8)] + component_flips(problem)[:2]:
+        far = sym.act(F @ Q, X)
+        assert np.linalg.norm(far) > 2.5 * np.linalg.norm(X)
+        Y, norm = balance_orbit(problem, sym, far)
+        assert norm <= np.linalg.norm(X) * (1 + 1e-6)
+        assert float(problem.loss(Y)) <= 1e-20
+        assert distance_to_orbit(problem, Y, X, sym) <= 1e-8
+
+
+def test_component_flips_are_in_the_stabiliser_and_outside_its_identity_component():
+    from solver.symmetry import component_flips
+
+    problem, _ = planted_instance(8, 16, heads=1, seed=79)  # four real eigenvalue pairs of the cosquare
+    W = problem.W[0]
+    flips = component_flips(problem)
+    assert len(flips) == 4
+    for Q in flips:
+        np.testing.assert_allclose(Q.T @ W @ Q, W, atol=1e-10)
+        assert np.linalg.det(Q) > 0 and not np.allclose(Q, np.eye(8))  # -I on a plane: det +1, yet not reachable
+    two, _ = planted_instance(4, 8, heads=2, seed=0)
+    assert component_flips(two) == []
