@@ -55,7 +55,8 @@ class Result:
     - `seconds`: wall time
     - `starts`: random starts tried (0 when the start was given or from the closed form)
     - `balanced`: True when certification failed at first and X was moved along its orbit to the
-      smallest-norm point (:func:`solver.symmetry.balance_orbit`) and certified again
+      smallest-norm point (:func:`solver.symmetry.balance_orbit`) and certified again (tried for
+      dn <= ``DENSE_MAX`` and a group of dimension 1 to ``BALANCE_MAX_DIM``)
     """
 
     X: np.ndarray
@@ -148,6 +149,7 @@ def _starts(problem: Problem, restarts: int, seed: int):
 
 
 RESTARTS = 8  # random starts where the closed form does not apply
+BALANCE_MAX_DIM = 64  # group dimension up to which a refused X is moved along its orbit and retried
 SQUARE_OUTPUT_RESTARTS = 32  # the square output system: about 5% of starts reach a root at (8, 16)
 
 
@@ -268,7 +270,8 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                 return Result(X=X, status="certified", certificate=cert, history=history.as_list(), init=init,
                               symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
                               balanced=balanced)
-        if consts is not None or attempt or not sym.lie_algebra.shape[0]:
+        if (consts is not None or attempt or not 0 < sym.lie_algebra.shape[0] <= BALANCE_MAX_DIM
+                or problem.d * problem.n > DENSE_MAX):
             break
         # the closed form gives X only up to the stabiliser, which is not compact for a generic W: a far
         # representative (norm 4064 against 7.2 planted, one head (8, 16), seed 79: M = 2e12) defeats

@@ -32,7 +32,9 @@ def test_recover_writes_x_and_certificate(instance_files, capsys):
 
 
 def test_recover_output_variant_writes_a_kantorovich_certificate(tmp_path, capsys):
-    problem, X = planted_instance(4, 8, 1, variant="output", seed=1)
+    # seed 4: the local Newton certificate fails and Kantorovich's test proves the root (seed 1, used
+    # before, is now certified by the local one: its gradient is bounded in ball arithmetic)
+    problem, X = planted_instance(4, 8, 1, variant="output", seed=4)
     np.save(tmp_path / "W.npy", problem.W)
     np.save(tmp_path / "O.npy", problem.B)
     np.save(tmp_path / "Wv.npy", problem.W_V)
