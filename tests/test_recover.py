@@ -109,3 +109,22 @@ def test_certificate_says_whether_its_minimiser_reproduces_B():
     assert "does NOT" in _fit_clause(problem, 0.5 * (2e-8 * scale) ** 2)
     assert "it reproduces B" in _fit_clause(problem, 0.5 * (5e-9 * scale) ** 2)
     assert "regularised" in _fit_clause(problem.with_regulariser(0.5), 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["output", "one head"])
+def test_every_certificate_on_forty_seeds_rechecks(family):
+    """The property "a certified run never reports a certificate recheck rejects", on 40 fixed
+    seeds per family at (4, 8), not 3 hypothesis draws: a float64 gradient allowance once let
+    output seed 27 through (recheck rejected its radius), which 3 draws had not met."""
+    kw = dict(heads=1, variant="output") if family == "output" else dict(heads=1)
+    certified = 0
+    for seed in range(40):
+        problem, _ = planted_instance(4, 8, seed=seed, **kw)
+        res = recover(problem, certify=False, validate=False, max_iter=60)
+        if res.status == "certified":
+            certified += 1
+            assert recheck(res.certificate, problem, res.X)["status"] == "certified", seed
+        else:
+            assert res.certificate.error_bound is None
+    assert certified >= 35  # measured: 197/200 (output), 200/200 (one head) at (4, 8)
