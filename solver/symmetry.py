@@ -379,8 +379,9 @@ def balance(sym: Symmetry, X: np.ndarray, max_iter: int = 100) -> tuple[np.ndarr
     for a planted X of norm 7.2, where the Hessian-Lipschitz bound is 2e12 and no certificate
     holds. Newton on ``phi(s) = 1/2 ||act(expm(sum_k s_k A_k), Y)||^2`` at s = 0, re-based at the
     new point after every accepted step (so each group element applied is small): gradient
-    ``<Y, D_k>`` with ``D_k`` the orbit tangent, Hessian by central differences of that
-    gradient, a gradient step where it is not positive definite, halving until phi decreases.
+    ``<Y, D_k>`` with ``D_k`` the orbit tangent, Hessian in closed form for the linear action
+    (``<A_k Y, A_l Y> + <Y, (A_k A_l + A_l A_k) Y> / 2``; central differences of the gradient for
+    the affine one), a gradient step where it is not positive definite, halving until phi decreases.
     Admissible translations ``v 1^T`` are removed in closed form. Every step applies an exact
     group element, so the loss moves only by rounding (the caller re-polishes).
     """
@@ -406,8 +407,14 @@ def balance(sym: Symmetry, X: np.ndarray, max_iter: int = 100) -> tuple[np.ndarr
         g = grad(Y)
         if np.linalg.norm(g) <= 1e-13 * 2 * f0:
             break
-        h = 1e-6
-        Hm = np.array([(grad(moved(Y, h * e)) - grad(moved(Y, -h * e))) / (2 * h) for e in np.eye(k)])
+        if sym.affine is None and T.shape[1] == 0:
+            # linear action: d2/ds_k ds_l 1/2 ||expm(sum s A) Y||^2 at 0 = <A_k Y, A_l Y> + <Y, (A_k A_l + A_l A_k) Y> / 2
+            D = np.einsum("kab,bn->kan", basis, Y)
+            Dt = np.einsum("kba,bn->kan", basis, Y)  # A_k^T Y
+            Hm = np.einsum("kan,lan->kl", D, D) + 0.5 * (np.einsum("kan,lan->kl", Dt, D) + np.einsum("lan,kan->kl", Dt, D))
+        else:  # affine action or translations: central differences of the gradient
+            h = 1e-6
+            Hm = np.array([(grad(moved(Y, h * e)) - grad(moved(Y, -h * e))) / (2 * h) for e in np.eye(k)])
         Hm = (Hm + Hm.T) / 2
         try:
             np.linalg.cholesky(Hm)
