@@ -14,7 +14,10 @@ Pipeline (one way, in order):
    constant M of the lemma on the region, validated by the checker on random
    and adversarial instances of a slightly larger region (cached); then the
    radius of :func:`solver.newton.local_constants`. Refuses (raises
-   :class:`~solver.errors.CertificationError`) when ``certify=True`` and this fails.
+   :class:`~solver.errors.CertificationError`) when ``certify=True`` and this fails (after
+   the interval-Hessian certificate, and, where the symmetry group is continuous, one more try
+   at the orbit's smallest-norm point, :func:`solver.symmetry.balance_orbit`; above
+   ``SLICE_CERT_MAX`` X is moved there up front instead).
 4. **certified Newton** with the fixed step sizes of :mod:`solver.newton`.
 5. **final certificate** at the returned X: ``||X - X*|| <= ||grad|| / m`` with X*
    the unique critical point of L in the certified ball (modulo the
@@ -176,8 +179,9 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     runs LM, then Newton on ``O(X) = B`` (:func:`solver.roots.polish`), and the first one that
     ends on a root proved by Kantorovich's test is returned with a ``kantorovich-root``
     certificate. Its least-squares landscape has many positive-loss local minima (losses 1e-9
-    to 1e-4 at (8, 16)): about one start in twenty reaches a root there, hence the 32 starts. Such a system can have several exact solutions; :func:`solver.roots.find_roots`
-    counts them, and where there are two the outputs do not determine X.
+    to 1e-4 at (8, 16)): about one start in twenty reaches a root there, hence the 32 starts.
+    Such a system can have several exact solutions; :func:`solver.roots.find_roots` counts them,
+    and where there are two the outputs do not determine X.
 
     Returns a :class:`Result`.
     """
