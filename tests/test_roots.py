@@ -120,7 +120,8 @@ def test_recover_returns_a_rechecked_root_certificate():
     from solver.errors import CertificateMismatchError
     from solver.recover import recover
 
-    p, Xt = planted_instance(4, 8, heads=1, variant="output", seed=1)
+    # seed 4: Kantorovich's certificate (seed 1 now gets the local one: its gradient is a ball bound)
+    p, Xt = planted_instance(4, 8, heads=1, variant="output", seed=4)
     res = recover(p, validate=False)
     assert res.status == "certified" and res.certificate.kind == "kantorovich-root"
     assert np.linalg.norm(residual(p, res.X)) < 1e-13
@@ -161,7 +162,7 @@ def test_square_output_restarts_stop_at_the_first_proved_root():
     p, _ = planted_instance(3, 6, heads=1, variant="output", seed=0)
     res = recover(p, certify=False, validate=False)
     assert res.init == "random-restarts" and 1 <= res.starts <= SQUARE_OUTPUT_RESTARTS
-    if res.status == "certified" and res.certificate.kind == "kantorovich-root":
+    if res.status == "certified":  # a start ended on a proved root (certified locally or by Kantorovich)
         # it stopped there: a later start would only have been tried had this one failed
         again = recover(p, certify=False, validate=False, restarts=res.starts)
         assert again.starts == res.starts and np.array_equal(again.X, res.X)
