@@ -49,6 +49,14 @@ def _rowsum(A):
     return np.repeat(s[:, None], A.shape[1], axis=1)
 
 
+def _attention(X, W, u, exp):
+    """``(ones, F)``: the (n, 1) column of ones (object dtype for arb balls) and the row softmax
+    ``F`` of ``X^T W X + 1 u^T X``, with +, *, @ and ``exp`` only."""
+    ones = np.ones((X.shape[1], 1), dtype=object if X.dtype == object else float)
+    E = exp(X.T @ W @ X + ones @ (u[None, :] @ X))
+    return ones, E / _rowsum(E)
+
+
 def hvp_generic(X, V, W, u, B, Gamma2, exp):
     """Hessian of ``1/2 ||softmax(X^T W X + 1 u^T X) - B||^2 + 1/2 ||Gamma o X||^2`` applied to V.
 
@@ -56,10 +64,7 @@ def hvp_generic(X, V, W, u, B, Gamma2, exp):
     the generated kernel) and on arb balls alike. Gamma2 = Gamma o Gamma.
     """
     n = X.shape[1]
-    ones = np.ones((n, 1), dtype=object if X.dtype == object else float)
-    S = X.T @ W @ X + ones @ (u[None, :] @ X)
-    E = exp(S)
-    F = E / _rowsum(E)
+    ones, F = _attention(X, W, u, exp)
     R = F - B
     FR = F * R
     G = FR - F * _rowsum(FR)
@@ -75,14 +80,16 @@ def hvp_generic(X, V, W, u, B, Gamma2, exp):
 def grad_generic(X, W, u, B, exp):
     """Gradient of ``1/2 ||softmax(X^T W X + 1 u^T X) - B||^2`` (one head) with +, *, @ and ``exp``
     only (floats or arb balls): ``W X G^T + W^T X G + u 1^T G``, ``G = F o R - F o rowsum(F o R)``."""
-    n = X.shape[1]
-    ones = np.ones((n, 1), dtype=object if X.dtype == object else float)
-    S = X.T @ W @ X + ones @ (u[None, :] @ X)
-    E = exp(S)
-    F = E / _rowsum(E)
+    _, F = _attention(X, W, u, exp)
     FR = F * (F - B)
     G = FR - F * _rowsum(FR)
-    return W @ X @ G.T + W.T @ X @ G + u[:, None] @ (np.ones((1, n), dtype=ones.dtype) @ G)
+    return _logit_pullback(X, W, u, G)
+
+
+def _logit_pullback(X, W, u, G):
+    """``W X G^T + W^T X G + u 1^T G``: a gradient G with respect to the logits, pulled back to X."""
+    ones = np.ones((1, X.shape[1]), dtype=object if X.dtype == object else float)
+    return W @ X @ G.T + W.T @ X @ G + u[:, None] @ (ones @ G)
 
 
 def grad_output_generic(X, W, u, Wv, B, exp):
@@ -93,17 +100,12 @@ def grad_output_generic(X, W, u, Wv, B, exp):
     gradient with ``F o R`` replaced by ``F o Phi`` (``G = F o Phi - F o rowsum(F o Phi)``, then
     ``W X G^T + W^T X G + u 1^T G``), and the direct path through ``X^T`` adds ``Wv R^T F``.
     """
-    n = X.shape[1]
-    ones = np.ones((n, 1), dtype=object if X.dtype == object else float)
-    S = X.T @ W @ X + ones @ (u[None, :] @ X)
-    E = exp(S)
-    F = E / _rowsum(E)
+    _, F = _attention(X, W, u, exp)
     Y = X.T @ Wv
     R = F @ Y - B
     FP = F * (R @ Y.T)
     G = FP - F * _rowsum(FP)
-    return (W @ X @ G.T + W.T @ X @ G + u[:, None] @ (np.ones((1, n), dtype=ones.dtype) @ G)
-            + Wv @ R.T @ F)
+    return _logit_pullback(X, W, u, G) + Wv @ R.T @ F
 
 
 def gradient_enclosure(problem, X, dX=None) -> tuple[np.ndarray, np.ndarray]:

@@ -240,13 +240,20 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     floor_iters = 30 if problem.d * problem.n <= DENSE_MAX else 5
     balanced = False
     k_group = sym.lie_algebra.shape[0]
-    if 0 < k_group <= BALANCE_MAX_DIM and _certificate.SLICE_CERT_MAX < problem.d * problem.n <= DENSE_MAX:
-        # beyond the interval-Hessian certificate a refused first attempt is rarely rescued, and a
-        # second one costs more than balancing up front (one head (32, 64): 39 s against 4.5 s)
+    can_balance = 0 < k_group <= BALANCE_MAX_DIM and problem.d * problem.n <= DENSE_MAX
+
+    def balanced_point(Z):
+        """The orbit's smallest-norm point, or None where it is not 1% smaller than Z."""
         from .symmetry import balance_orbit
 
-        Xb, nb = balance_orbit(problem, sym, X)
-        if nb < 0.99 * float(np.linalg.norm(X)):
+        Zb, nb = balance_orbit(problem, sym, Z)
+        return Zb if nb < 0.99 * float(np.linalg.norm(Z)) else None
+
+    if can_balance and problem.d * problem.n > _certificate.SLICE_CERT_MAX:
+        # beyond the interval-Hessian certificate a refused first attempt is rarely rescued, and a
+        # second one costs more than balancing up front (one head (32, 64): 39 s against 4.5 s)
+        Xb = balanced_point(X)
+        if Xb is not None:
             X, balanced = Xb, True
     for attempt in range(2):
         for lm_tol, iters in ((max(gtol, 1e-6), max_iter), (0.0, floor_iters)):
@@ -285,16 +292,13 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                 return Result(X=X, status="certified", certificate=cert, history=history.as_list(), init=init,
                               symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
                               balanced=balanced)
-        if (consts is not None or attempt or balanced or not 0 < k_group <= BALANCE_MAX_DIM
-                or problem.d * problem.n > DENSE_MAX):
+        if consts is not None or attempt or balanced or not can_balance:
             break
         # the closed form gives X only up to the stabiliser, which is not compact for a generic W: a far
         # representative (norm 4064 against 7.2 planted, one head (8, 16), seed 79: M = 2e12) defeats
         # both certificates. Retry once at the orbit's smallest-norm point (solver.symmetry.balance_orbit).
-        from .symmetry import balance_orbit
-
-        Xb, nb = balance_orbit(problem, sym, X)
-        if not nb < 0.99 * float(np.linalg.norm(X)):
+        Xb = balanced_point(X)
+        if Xb is None:
             break
         X, balanced = Xb, True
     if consts is None:
@@ -316,7 +320,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         cert = build_certificate(problem, X, None, sym, validation, iterations=0, status="uncertified", reason=reason)
         return Result(X=X, status="uncertified", certificate=cert, history=history.as_list(), init=init,
                       symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
-                  balanced=balanced)
+                      balanced=balanced)
 
     X, iters = certified_newton(problem, X, consts, history, gtol, T=T)
     cert = build_certificate(problem, X, consts, sym, validation, iterations=iters,

@@ -370,6 +370,13 @@ def group_element(sym: Symmetry, coefficients: np.ndarray) -> np.ndarray:
     return scipy.linalg.expm(A) if d else A
 
 
+def _translate_out(T: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """R without its best translation ``v 1^T``, v in span(T) (T orthonormal, (d, t)): ``v = T T^T`` mean column."""
+    if T.shape[1] == 0:
+        return R
+    return R - np.outer(T @ (T.T @ R.mean(axis=1)), np.ones(R.shape[1]))
+
+
 def balance(sym: Symmetry, X: np.ndarray, max_iter: int = 100) -> tuple[np.ndarray, float]:
     """A point of the orbit of X of (locally) smallest Frobenius norm, and that norm.
 
@@ -389,7 +396,7 @@ def balance(sym: Symmetry, X: np.ndarray, max_iter: int = 100) -> tuple[np.ndarr
     T = sym.translations
 
     def translate_out(Z):
-        return Z if T.shape[1] == 0 else Z - np.outer(T @ (T.T @ Z.mean(axis=1)), np.ones(Z.shape[1]))
+        return _translate_out(T, Z)
 
     Y = translate_out(X)
     basis = sym.lie_algebra
@@ -428,10 +435,9 @@ def balance(sym: Symmetry, X: np.ndarray, max_iter: int = 100) -> tuple[np.ndarr
             step = step / 2
         else:
             break
-        if 0.5 * float(np.sum(Z * Z)) > f0 * (1 - 1e-12):
-            Y = Z
-            break
         Y = Z
+        if 0.5 * float(np.sum(Y * Y)) > f0 * (1 - 1e-12):  # no longer decreasing: at the minimum
+            break
     return Y, float(np.linalg.norm(Y))
 
 
@@ -570,11 +576,7 @@ def _orbit_fit(sym: Symmetry, X, Y, iterations):
     k = sym.lie_algebra.shape[0]
 
     def translate_out(R):
-        # remove the best translation v 1^T, v in span(T): v = T T^T mean-column of R
-        if T.shape[1] == 0:
-            return R
-        m = R.mean(axis=1)
-        return R - np.outer(T @ (T.T @ m), np.ones(n))
+        return _translate_out(T, R)
 
     if k == 0:
         return np.linalg.norm(translate_out(X - Y))
