@@ -10,7 +10,8 @@ reference transcription (``jax.jacfwd``), the residual in mpmath at 30 digits (n
 solver's extended-precision one) and the SymPy constant of ``output_map_curvature``. An
 ``interval-hessian`` certificate is recomputed in ball arithmetic on this recheck's own slice
 basis, after the ball Hessian's midpoints and the ball gradient are compared with ``jax.hessian``
-and ``jax.grad`` of the reference transcription at X.
+and ``jax.grad`` of the reference transcription at X; an ``interval-jacobian`` one likewise, its
+ball ``J P`` compared with ``jax.jacfwd`` of the reference attention maps.
 Any mismatch raises :class:`CertificateMismatchError`.
 """
 
@@ -61,7 +62,7 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         return {"status": cert.status}
     if cert.kind == "kantorovich-root":
         return _recheck_root(cert, problem, np.asarray(X, np.float64), rtol)
-    if cert.kind == "interval-hessian":
+    if cert.kind in ("interval-hessian", "interval-jacobian"):
         return _recheck_slice(cert, problem, np.asarray(X, np.float64), sym)
     X = np.asarray(X, np.float64)
     d, n = X.shape
@@ -199,7 +200,7 @@ def _recheck_root(cert: Certificate, problem: Problem, X: np.ndarray, rtol: floa
 
 
 def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> dict:
-    from .rigorous import gradient_enclosure, slice_bounds, slice_theorem
+    from .rigorous import gradient_enclosure, jacobian_slice_bounds, slice_bounds, slice_theorem
 
     d, n = X.shape
     c = cert.constants or {}
@@ -219,17 +220,29 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         P = np.linalg.svd(np.eye(d * n) - Q @ Q.T)[0][:, : d * n - Q.shape[1]]
     else:
         P = np.eye(d * n)
-    b = slice_bounds(problem, X, dX, P, box)
-    Hb = b.pop("hessian_mid")
-    # the ball-arithmetic formulas against the reference transcription (jax autodiff) at X
     loss, args = _loss_and_args(problem)
-    H_ref = np.asarray(jax.hessian(loss)(X, *args)).reshape(d * n, d * n)
-    H_mid = np.array([[float(Hb[i, j].mid()) for j in range(d * n)] for i in range(d * n)])
-    H_rad = np.array([[float(Hb[i, j].rad()) for j in range(d * n)] for i in range(d * n)])
-    scale = max(1.0, float(np.linalg.norm(H_ref)))
-    if np.linalg.norm(H_mid - H_ref) > np.linalg.norm(H_rad) + 1e-10 * scale:
-        raise CertificateMismatchError(
-            f"the ball Hessian differs from jax.hessian of the reference by {np.linalg.norm(H_mid - H_ref):.3e}")
+    if cert.kind == "interval-jacobian":
+        b = jacobian_slice_bounds(problem, X, dX, P, box)
+        A_mid = b.pop("jacobian_mid")
+        # the float-ball formulas for J P against jax.jacfwd of the reference attention maps at X
+        J_ref = np.concatenate([np.asarray(jax.jacfwd(ref.attention)(X, problem.W[h], problem.U[h])).reshape(n * n, d * n)
+                                for h in range(problem.heads)])
+        JP = J_ref @ P
+        scale = max(1.0, float(np.linalg.norm(JP)))
+        if np.linalg.norm(A_mid - JP) > b["jacobian_rad_norm"] + 1e-8 * scale:
+            raise CertificateMismatchError(
+                f"the ball Jacobian differs from jax.jacfwd of the reference by {np.linalg.norm(A_mid - JP):.3e}")
+    else:
+        b = slice_bounds(problem, X, dX, P, box)
+        Hb = b.pop("hessian_mid")
+        # the ball-arithmetic formulas against the reference transcription (jax autodiff) at X
+        H_ref = np.asarray(jax.hessian(loss)(X, *args)).reshape(d * n, d * n)
+        H_mid = np.array([[float(Hb[i, j].mid()) for j in range(d * n)] for i in range(d * n)])
+        H_rad = np.array([[float(Hb[i, j].rad()) for j in range(d * n)] for i in range(d * n)])
+        scale = max(1.0, float(np.linalg.norm(H_ref)))
+        if np.linalg.norm(H_mid - H_ref) > np.linalg.norm(H_rad) + 1e-10 * scale:
+            raise CertificateMismatchError(
+                f"the ball Hessian differs from jax.hessian of the reference by {np.linalg.norm(H_mid - H_ref):.3e}")
     g_ref = np.asarray(jax.grad(loss)(X, *args))
     g_mid, g_rad = gradient_enclosure(problem, X)
     if np.linalg.norm(g_mid - g_ref) > np.linalg.norm(g_rad) + 1e-12 * max(1.0, float(np.linalg.norm(g_ref)) + scale):
@@ -252,5 +265,5 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
     if cert.radius > th["slice_radius"] * (1 + 1e-9):
         raise CertificateMismatchError(
             f"uniqueness radius {cert.radius:.3e} exceeds the recomputed {th['slice_radius']:.3e}")
-    return {"status": "certified", "kind": "interval-hessian", "lambda_min_lower": b["l_lower"], "grad_norm": b["g_up"],
+    return {"status": "certified", "kind": cert.kind, "lambda_min_lower": b["l_lower"], "grad_norm": b["g_up"],
             "s_P": b["s_P"], "error_bound": th["error_bound"], "radius": th["slice_radius"], "box_radius": box}

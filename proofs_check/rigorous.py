@@ -20,6 +20,7 @@ import numpy as np
 
 from derivations.lemmas import lemma
 
+from . import midrad
 from .region import Region
 
 
@@ -326,3 +327,133 @@ def certify_box(d: int = 2, n: int = 3, seed: int = 0, radius: float = 0.02) -> 
             "summary": (f"{'CERTIFIED' if certified else 'NOT certified'}: lambda_min >= {lam:.4f} "
                         f"{'>=' if certified else '<'} l = {l_bound:.4f} on every X of a box of half-width "
                         f"{radius} (d={d}, n={n}, gamma={gamma:.3f}), in ball arithmetic")}
+
+
+def _softmax_jacobian_balls(F):
+    """Balls ``(n, n, n)`` of the row softmax Jacobians ``diag(f_r) - f_r f_r^T`` from balls of F."""
+    n = F[0].shape[0]
+    eye = np.eye(n)[None, :, :]
+    diag = (eye * F[0][:, :, None], eye * F[1][:, :, None])  # exact: products by 0 and 1
+    outer = midrad.mul((F[0][:, :, None], F[1][:, :, None]), (F[0][:, None, :], F[1][:, None, :]))
+    return midrad.add(diag, outer, -1.0)
+
+
+def jacobian_slice_enclosure(problem, X, dX, P, box_radius: float):
+    """Balls containing ``J(Y) P`` for every Y of the box ``|Y - (X + dX)| <= box_radius``, and a
+    bound on the Hessian's second-order remainder there.
+
+    ``J`` is the Jacobian of the stacked attention maps ``vec F_h`` (rows ``(h, r, c)``) with
+    respect to ``vec X`` (row-major), ``P`` the (dn, k) slice basis. The loss ``1/2 sum ||F_h -
+    B_h||^2 + 1/2 ||Gamma o (X - X0)||^2`` has Hessian ``J^T J + E + diag(Gamma^2)`` with
+    ``E = sum_{h,r,c} R_rc hess F_rc`` (``R = F - B``). Returns ``(A, e2)``: the ball ``A`` of
+    ``J P`` (float64 midpoint-radius, `proofs_check.midrad`) and ``e2 >= ||E||_2`` on the box.
+
+    Structure used (one head; ``p_j = W x_j``, ``q_r = W^T x_r + u``, ``K_r = diag(f_r) - f_r
+    f_r^T``): ``dS_rj = p_j^T dx_r + q_r^T dx_j``, so ``(J P)[(r, c), :] = (K_r P^T)[c, :] P_r +
+    sum_k K_r[c, k] q_r^T P_k`` with ``P_k`` the rows ``(a, k)`` of P: batched products of size
+    n^2 d k, no (n^2, dn) Jacobian. The exponential is taken in arb; everything else in float64
+    balls.
+
+    The remainder: ``hess F_rc = J_r^T hess f_c J_r + sum_j (df_c / ds_j) hess S_rj`` with
+    ``hess f_c = f_c (e_c - f)(e_c - f)^T - f_c (diag f - f f^T)`` (2-norm at most ``3 f_c``),
+    ``||J_r|| <= ||P||_2 + ||q_r||``, ``sum_j |df_c / ds_j| = 2 f_c (1 - f_c) <= 2 f_c`` and
+    ``||hess S_rj||_2 <= 2 ||W||_2``; so ``||E||_2 <= sum |R_rc| f_rc (3 (||P||_F + ||q_r||)^2 +
+    4 ||W||_F)``.
+    """
+    d, n = X.shape
+    k = P.shape[1]
+    P = np.asarray(P, np.float64)
+    Pr = np.ascontiguousarray(P.reshape(d, n, k).transpose(1, 0, 2))  # [r]: the rows (a, r) of P, (d, k)
+    Pflat = P.reshape(d, n * k)
+    prec = flint.ctx.prec
+    flint.ctx.prec = max(prec, 128)
+    try:
+        Xa = _arb_array(X, box_radius) + _arb_array(dX)
+        ones = np.ones((1, n), dtype=object)
+        blocks, e2 = [], 0.0
+        for h in range(problem.heads):
+            Wa, ua, Ba = _arb_array(problem.W[h]), _arb_array(problem.U[h]), _arb_array(problem.B[h])
+            _, Fa = _attention(Xa, Wa, ua, _arb_exp)
+            F = midrad.from_arb(Fa)
+            R = midrad.from_arb(Fa - Ba)
+            Pc = midrad.from_arb(Wa @ Xa)                       # columns p_j = W x_j
+            Qc = midrad.from_arb(Wa.T @ Xa + ua[:, None] @ ones)  # columns q_r = W^T x_r + u
+            K = _softmax_jacobian_balls(F)
+            T = midrad.matmul(K, midrad.transpose(Pc))           # (n, n, d): K_r P^T
+            A1 = midrad.matmul(T, (Pr, None))                    # (n, n, k)
+            Z = midrad.matmul(midrad.transpose(Qc), (Pflat, None))
+            Z = (Z[0].reshape(n, n, k), Z[1].reshape(n, n, k))   # [r, k', :] = q_r^T P_k'
+            A2 = midrad.matmul(K, Z)
+            Ah = midrad.add(A1, A2)
+            blocks.append((Ah[0].reshape(n * n, k), Ah[1].reshape(n * n, k)))
+            # the second-order remainder on the box
+            pn = midrad.norm_upper(Pc)
+            qmag = midrad.magnitude(Qc)
+            qn = midrad.up(np.sqrt(midrad.up(np.sum(qmag * qmag, axis=0), d + 1)), 2)
+            wn = midrad.norm_upper((np.asarray(problem.W[h], np.float64), None))
+            c = midrad.up(3.0 * (pn + qn) ** 2 + 4.0 * wn, 6)
+            e2 += float(midrad.up(np.sum(midrad.magnitude(R) * midrad.magnitude(F) * c[:, None]), n * n + 4))
+    finally:
+        flint.ctx.prec = prec
+    A = (np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks]))
+    return A, float(midrad.up(e2, problem.heads + 1))
+
+
+def sigma_min_sq_lower(A) -> tuple[float, dict]:
+    """Rigorous lower bound on ``sigma_min(M)^2`` for every matrix M of the float ball ``A`` (m, k),
+    m >= k, without forming ``M^T M`` in a way that squares the rounding.
+
+    ``V`` from the float SVD of the midpoint; ``C = M V`` and ``G = C^T C`` as balls. With
+    ``D = diag(mid G)``: ``G = D^(1/2) (I + E') D^(1/2)``, ``|E'| <= (|G - D| + rad G) / sqrt(D_i
+    D_j)``, so ``lambda_min(G) >= min D (1 - ||E'||_F)``: the rounding of ``G`` counts relative
+    to the columns' own norms, not to ``||M||^2``. Then ``sigma_min(M)^2 >= lambda_min(G) /
+    ||V||_2^2`` with ``||V||_2^2 <= 1 + ||V^T V - I||_F``.
+    """
+    Am = A[0]
+    V = np.linalg.svd(Am, full_matrices=False)[2].T
+    C = midrad.matmul(A, (V, None))
+    G = midrad.matmul(midrad.transpose(C), C)
+    Gm, Gr = G
+    D = np.diag(Gm).copy()
+    info = {"gram_diag_min": float(D.min())}
+    if not np.all(D > 0):
+        return -math.inf, info
+    off = np.abs(Gm)
+    np.fill_diagonal(off, 0.0)
+    s_lo = np.sqrt(D) * (1.0 - 4.0 * midrad.U)
+    Ep = midrad.up((off + Gr) / (s_lo[:, None] * s_lo[None, :]), 4)
+    e = midrad.norm_upper((Ep, None))
+    k = V.shape[1]
+    fV = midrad.norm_upper(midrad.add(midrad.matmul((V.T, None), (V, None)), (np.eye(k), None), -1.0))
+    info.update({"gram_offdiag_rel": e, "V_orth_dev": fV})
+    if not e < 1:
+        return -math.inf, info
+    lo = flint.arb(float(D.min())) * (1 - flint.arb(e)) / (1 + flint.arb(fV))
+    return float(lo.lower()), info
+
+
+def jacobian_slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
+    """`slice_bounds` for large dn, without a ball Hessian: the same keys (``g_up``, ``s_P``,
+    ``l_lower``, ``dX_inf``, ``dX_2``, ``box_radius``), with ``l_lower`` from the Gauss-Newton
+    split ``P^T hess L P >= (J P)^T (J P) - ||E||_2 ||P||^2`` (the regulariser's ``P^T diag(Gamma^2)
+    P`` is positive semidefinite and dropped): `jacobian_slice_enclosure` and `sigma_min_sq_lower`.
+
+    Costs a few (n^2 H, k) x (k, k) float64 products instead of dn ball HVPs: at exact fits, where
+    ``||E||`` is at the rounding level of B, this is as tight as the ball Hessian.
+    """
+    P = np.asarray(P, np.float64)
+    X = np.asarray(X, np.float64)
+    dX = np.asarray(dX, np.float64)
+    A, e2 = jacobian_slice_enclosure(problem, X, dX, P, float(box_radius))
+    s2, info = sigma_min_sq_lower(A)
+    dn = P.shape[0]
+    PtP = midrad.matmul((P.T, None), (P, None))
+    dev = midrad.norm_upper(midrad.add(PtP, (np.eye(P.shape[1]), None), -1.0))
+    s_P = float((1 + flint.arb(dev)).sqrt().upper())
+    mid, rad = gradient_enclosure(problem, X, dX)
+    gz = midrad.matmul((P.T, None), (mid.reshape(dn, 1), rad.reshape(dn, 1)))
+    g_up = midrad.norm_upper(gz)
+    l_lower = float((flint.arb(s2) - flint.arb(e2) * flint.arb(s_P) ** 2).lower()) if math.isfinite(s2) else -math.inf
+    return {"g_up": g_up, "s_P": s_P, "l_lower": l_lower, "dX_inf": float(np.max(np.abs(dX))) if dX.size else 0.0,
+            "dX_2": midrad.norm_upper((dX, None)), "box_radius": float(box_radius), "sigma_min_sq_lower": s2,
+            "hessian_remainder": e2, **info, "jacobian_mid": A[0], "jacobian_rad_norm": midrad.norm_upper((A[1], None))}

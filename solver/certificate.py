@@ -29,6 +29,13 @@ residual of ``FIT_RTOL`` = 1e-8, `exact_fit_tolerance`), where that critical poi
 minimiser up to ``L(X*) <= L(X + dX)``: a strict local minimiser with a positive loss (found on an
 underdetermined instance) is refused.
 
+Above ``SLICE_CERT_MAX`` (up to ``JACOBIAN_CERT_MAX``) the same theorem is issued as an
+``interval-jacobian`` certificate: ``l_lower`` comes from the Gauss-Newton split of the Hessian
+(``(J P)^T (J P)`` minus a bound on the residual-weighted second-order term), with ``J P`` enclosed
+in float64 midpoint-radius arithmetic with a-priori rounding bounds
+(:func:`proofs_check.rigorous.jacobian_slice_bounds`): dn ball HVPs in arb would take hours at
+dn = 2048.
+
 The numbers are float64 evaluations with stated rounding margins
 (``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
 proof on a box is ``unmask verify --rigorous``.
@@ -49,6 +56,8 @@ from .problem import ATTENTION, Problem
 
 FIT_RTOL = 1e-8  # relative residual up to which a certified critical point is said to reproduce B
 SLICE_CERT_MAX = 512  # dn up to which the interval-Hessian certificate is tried (dn HVPs in ball arithmetic)
+JACOBIAN_CERT_MAX = 4096  # dn up to which the interval-Jacobian certificate is tried (above SLICE_CERT_MAX)
+JACOBIAN_CERT_BYTES = 6 * 1024**3  # and only when its float64 balls (about 14 arrays of H n^2 (dn - k)) fit in this
 RIGOROUS_GRADIENT_MAX = 20000  # dn up to which the gradient norm is bounded in ball arithmetic (about 1 s at 2048)
 
 
@@ -85,7 +94,7 @@ class Certificate:
     iteration_bound: int | None
     uniqueness: str
     reason: str = ""
-    kind: str = "local-newton"  # or "kantorovich-root", "interval-hessian" (see the module docstring)
+    kind: str = "local-newton"  # or "kantorovich-root", "interval-hessian", "interval-jacobian" (module docstring)
     versions: dict = field(default_factory=versions)
 
     def as_dict(self) -> dict:
@@ -100,10 +109,12 @@ class Certificate:
         if self.status != "certified":
             return f"uncertified: {self.reason}"
         c = self.constants
-        if self.kind == "interval-hessian":
-            return (f"certified (interval Hessian): ||X - X*|| <= {self.error_bound:.2e}, X* the only critical point "
-                    f"on the slice ball of radius {self.radius:.2e}; lambda_min >= {c['l_lower']:.3e} on a box of "
-                    f"half-width {c['box_radius']:.1e} (ball arithmetic), ||grad|| at the polished point <= "
+        if self.kind in ("interval-hessian", "interval-jacobian"):
+            how = ("ball arithmetic" if self.kind == "interval-hessian" else
+                   "Gauss-Newton split, float64 balls with a-priori rounding bounds")
+            return (f"certified ({self.kind.replace('-', ' ')}): ||X - X*|| <= {self.error_bound:.2e}, X* the only "
+                    f"critical point on the slice ball of radius {self.radius:.2e}; lambda_min >= {c['l_lower']:.3e} on a "
+                    f"box of half-width {c['box_radius']:.1e} ({how}), ||grad|| at the polished point <= "
                     f"{c['g_up']:.1e}; symmetry dimension {self.symmetry_dimension}")
         if self.kind == "kantorovich-root":
             return (f"certified (Kantorovich): an exact solution of O(X) = B within {self.error_bound:.2e}, the only "
@@ -239,7 +250,8 @@ def slice_basis(problem: Problem, X, sym) -> np.ndarray:
 
 def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
                       box_scales=(1e-20, 1e-16, 1e-12)) -> tuple[Certificate | None, str]:
-    """The ``interval-hessian`` certificate at X (see the module docstring), or ``(None, why not)``.
+    """The ``interval-hessian`` certificate at X (``interval-jacobian`` above ``SLICE_CERT_MAX``; see the
+    module docstring), or ``(None, why not)``.
 
     Polishes X to ``X + dX`` (up to 3 Newton steps on the slice: float64 Hessian, 320-bit ball
     gradient), then tries boxes around ``X + dX`` of half-width ``s max(1, ||X||_max)`` for ``s`` in
@@ -247,13 +259,17 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     enclosure) until :func:`proofs_check.rigorous.slice_theorem` holds.
     """
     from proofs_check.region import Region
-    from proofs_check.rigorous import gradient_enclosure, slice_bounds, slice_theorem
+    from proofs_check.rigorous import gradient_enclosure, jacobian_slice_bounds, slice_bounds, slice_theorem
 
     if problem.variant != ATTENTION:
         return None, "the interval-Hessian certificate is for attention maps"
     d, n = problem.d, problem.n
-    if d * n > SLICE_CERT_MAX:
-        return None, f"the interval-Hessian certificate is not tried above dn = {SLICE_CERT_MAX} (dn = {d * n})"
+    jacobian = d * n > SLICE_CERT_MAX
+    if d * n > JACOBIAN_CERT_MAX:
+        return None, f"the interval-Hessian / -Jacobian certificates are not tried above dn = {JACOBIAN_CERT_MAX} (dn = {d * n})"
+    if jacobian and 14 * 8 * problem.heads * n * n * d * n > JACOBIAN_CERT_BYTES:
+        return None, (f"the interval-Jacobian certificate would need about {14 * 8 * problem.heads * n**3 * d / 1024**3:.1f} GiB "
+                      f"(more than {JACOBIAN_CERT_BYTES / 1024**3:.0f})")
     X = np.asarray(X, np.float64)
     fit_tol = exact_fit_tolerance(problem)
     loss = float(problem.loss(X))
@@ -276,8 +292,8 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     scale = max(1.0, float(np.abs(X).max()))
     tried = []
     for s in box_scales:
-        b = slice_bounds(problem, X, dX, P, s * scale)
-        b.pop("hessian_mid")
+        b = (jacobian_slice_bounds if jacobian else slice_bounds)(problem, X, dX, P, s * scale)
+        b.pop("jacobian_mid" if jacobian else "hessian_mid")
         th = slice_theorem(b)
         tried.append(f"box {b['box_radius']:.1e}: lambda_min >= {b['l_lower']:.2e}, ||grad|| <= {b['g_up']:.1e}")
         if not th["certified"] and not (b["l_lower"] > 0 and b["l_lower"] * th["slice_radius"] <= b["g_up"]):
@@ -294,7 +310,7 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
                             "(the whole space when the orbit is a point), within radius; it is a global minimiser up to "
                             f"L(X*) <= L(X + dX), and L(X) = {loss:.2e} <= {fit_tol:.1e}"
                             + _fit_clause(problem, loss)),
-                kind="interval-hessian",
+                kind="interval-jacobian" if jacobian else "interval-hessian",
             )
             return cert, ""
-    return None, "interval-Hessian certificate failed: " + "; ".join(tried)
+    return None, f"interval-{'Jacobian' if jacobian else 'Hessian'} certificate failed: " + "; ".join(tried)

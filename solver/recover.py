@@ -15,7 +15,8 @@ Pipeline (one way, in order):
    and adversarial instances of a slightly larger region (cached); then the
    radius of :func:`solver.newton.local_constants`. Refuses (raises
    :class:`~solver.errors.CertificationError`) when ``certify=True`` and this fails (after
-   the interval-Hessian certificate, and, where the symmetry group is continuous, one more try
+   the interval-Hessian certificate (interval-Jacobian above ``SLICE_CERT_MAX``, up to
+   ``JACOBIAN_CERT_MAX``), and, where the symmetry group is continuous, one more try
    at the orbit's smallest-norm point, :func:`solver.symmetry.balance_orbit`; above
    ``SLICE_CERT_MAX`` X is moved there up front instead).
 4. **certified Newton** with the fixed step sizes of :mod:`solver.newton`.

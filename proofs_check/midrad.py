@@ -1,0 +1,115 @@
+"""Rigorous midpoint-radius (ball) arithmetic on float64 NumPy arrays, for matrices too large for arb.
+
+A ball is a pair ``(m, r)`` of arrays: every value it stands for lies in ``[m - r, m + r]``
+entrywise (``r = None``: the midpoint is exact). Operations run in float64 with the default
+rounding to nearest and return balls that contain every result of the exact operation on
+members of the input balls. The radii account for the rounding of the midpoint with the
+standard a-priori bounds (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed.,
+Lemma 3.1 and eq. 3.5): a sum or product rounds with relative error at most ``u = 2^-53``, and a
+dot product of length ``K`` in ANY summation order, with or without fused multiply-adds (what
+a BLAS matmul may do), errs by at most ``gamma_K |a|^T |b|``, ``gamma_K = K u / (1 - K u)``.
+Underflow adds at most ``2^-1074`` per operation, covered by the ``TINY`` added to every radius.
+Radii are themselves computed in floating point from non-negative terms, so each is inflated
+by `up` to an upper bound of its exact value.
+
+This assumes IEEE binary64 arithmetic in round-to-nearest (NumPy's default; no x87 extended
+precision) and a BLAS without Strassen-like fast multiplication (OpenBLAS, MKL, Accelerate
+use the classical algorithm). Everything transcendental (the exponential) is done in arb.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+U = 2.0**-53
+TINY = np.finfo(np.float64).tiny
+
+
+def up(x, ops: int):
+    """Upper bound on the exact value of a non-negative quantity that float64 computed as ``x``
+    with at most ``ops`` roundings of sums and products of non-negative terms.
+
+    Each rounding loses at most a factor ``1 - u``, so the exact value is at most
+    ``x (1 - u)^-ops <= x (1 + 1.01 ops u)`` (``ops u < 0.01``); the factor used,
+    ``1 + 2 (ops + 2) u``, also covers the rounding of this product, and ``TINY`` the underflow.
+    """
+    if not ops * U < 0.01:
+        raise ValueError(f"too many roundings ({ops}) for the a-priori bound")
+    return np.asarray(x, np.float64) * (1.0 + 2.0 * (ops + 2) * U) + TINY
+
+
+def _abs_r(r, like):
+    return np.zeros_like(like) if r is None else r
+
+
+def add(a, b, sign: float = 1.0):
+    """``a + b`` (``sign=1``) or ``a - b`` (``sign=-1``) of balls."""
+    (am, ar), (bm, br) = a, b
+    cm = am + sign * bm
+    cr = np.abs(cm) * U + _abs_r(ar, cm) + _abs_r(br, cm)
+    return cm, up(cr, 4)
+
+
+def mul(a, b):
+    """Entrywise product of balls (broadcasting)."""
+    (am, ar), (bm, br) = a, b
+    cm = am * bm
+    cr = np.abs(cm) * U
+    if br is not None:
+        cr = cr + np.abs(am) * br
+    if ar is not None:
+        cr = cr + ar * (np.abs(bm) + (0.0 if br is None else br))
+    return cm, up(cr, 8)
+
+
+def matmul(a, b):
+    """Matrix product of balls, ``np.matmul`` semantics (batched over leading axes).
+
+    For ``A`` in ``am +- ar`` and ``B`` in ``bm +- br``: ``AB - am bm = am (B - bm) + (A - am) bm +
+    (A - am)(B - bm)``, bounded by ``|am| br + ar |bm| + ar br``; the rounding of ``am @ bm`` is at
+    most ``gamma_K |am| |bm|`` with ``K`` the inner dimension.
+    """
+    (am, ar), (bm, br) = a, b
+    K = am.shape[-1]
+    if not K * U < 0.01:
+        raise ValueError(f"inner dimension {K} too large for the a-priori rounding bound")
+    cm = am @ bm
+    aa, ab = np.abs(am), np.abs(bm)
+    gamma = 1.03 * (K + 1) * U  # >= gamma_K (1 + 1.01 K u): gamma_K times the rounding of |am| @ |bm|
+    cr = gamma * (aa @ ab)
+    if br is not None:
+        cr = cr + aa @ br
+    if ar is not None:
+        cr = cr + ar @ (ab if br is None else ab + br)
+    return cm, up(cr, K + 6)
+
+
+def transpose(a, axes=None):
+    m, r = a
+    return np.transpose(m, axes), (None if r is None else np.transpose(r, axes))
+
+
+def magnitude(a):
+    """Upper bound on ``|x|`` entrywise over the ball."""
+    m, r = a
+    return up(np.abs(m) + _abs_r(r, m), 1)
+
+
+def norm_upper(a) -> float:
+    """Upper bound on the Frobenius norm of every member of the ball (a Python float)."""
+    mag = magnitude(a).reshape(-1)
+    s = float(up(np.sum(mag * mag), mag.size + 1))
+    return float(up(math.sqrt(s), 2))
+
+
+def from_arb(obj: np.ndarray):
+    """Ball of float64 arrays containing an object array of python-flint ``arb`` balls: the midpoint
+    rounded to nearest, the radius widened by one ulp of it (the midpoint's rounding) and one ulp
+    of itself (the radius's conversion)."""
+    flat = obj.reshape(-1)
+    m = np.array([float(v.mid()) for v in flat]).reshape(obj.shape)
+    r = np.array([float(v.rad()) for v in flat]).reshape(obj.shape)
+    r = np.nextafter(r, np.inf) + np.spacing(np.abs(m))
+    return m, r

@@ -1,0 +1,221 @@
+"""The interval-Jacobian certificate (dn above SLICE_CERT_MAX): float64 midpoint-radius balls with
+a-priori rounding bounds (proofs_check.midrad), the Gauss-Newton split of the Hessian and a
+column-scaled Gram bound on sigma_min (proofs_check.rigorous.jacobian_slice_bounds).
+
+Each rigorous piece is checked against an exact or high-precision reference: rational arithmetic
+for the balls, 200-bit arb difference quotients for J P, ``jax.hessian`` of the reference
+transcription for the second-order remainder, and the ball-Hessian certificate for the whole.
+"""
+
+from dataclasses import replace
+from fractions import Fraction
+
+import flint
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proofs_check import midrad
+from proofs_check import reference as ref
+from proofs_check.recheck import recheck
+from proofs_check.rigorous import (
+    _arb_array,
+    _arb_exp,
+    _attention,
+    jacobian_slice_bounds,
+    jacobian_slice_enclosure,
+    sigma_min_sq_lower,
+    slice_bounds,
+)
+from solver import certificate as certmod
+from solver.certificate import slice_basis, slice_certificate
+from solver.errors import CertificateMismatchError
+from solver.problem import planted_instance
+from solver.recover import recover
+from solver.symmetry import distance_to_orbit, symmetries
+
+
+def _exact(a):
+    return np.vectorize(Fraction, otypes=[object])(np.asarray(a, np.float64))
+
+
+def _contains(ball, exact):
+    m, r = ball
+    m, r = _exact(m), _exact(np.zeros_like(m) if r is None else r)
+    return bool(np.all(np.vectorize(abs, otypes=[object])(exact - m) <= r))
+
+
+def _random_ball(rng, shape, spread):
+    m = rng.standard_normal(shape) * 10.0 ** rng.integers(-spread, spread + 1, size=shape)
+    r = np.abs(rng.standard_normal(shape)) * 1e-12 * np.abs(m)
+    return m, r
+
+
+def _member(rng, ball):
+    """A member of the ball with float64 entries (exact as rationals)."""
+    m, r = ball
+    return m + r * rng.uniform(-1, 1, size=m.shape)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 40), spread=st.integers(0, 8))
+def test_float_balls_contain_the_exact_results(seed, k, spread):
+    """matmul, mul and add of balls contain the exact (rational) result for members of the inputs,
+    with entries spread over 2 spread decades (cancellations included)."""
+    rng = np.random.default_rng(seed)
+    a, b = _random_ball(rng, (3, k), spread), _random_ball(rng, (k, 2), spread)
+    A, B = _member(rng, a), _member(rng, b)
+    assert _contains(midrad.matmul(a, b), _exact(A).dot(_exact(B)))
+    c = _random_ball(rng, (3, k), spread)
+    C = _member(rng, c)
+    assert _contains(midrad.mul(a, c), _exact(A) * _exact(C))
+    assert _contains(midrad.add(a, c, -1.0), _exact(A) - _exact(C))
+    assert _contains(midrad.matmul((a[0], None), (b[0], None)), _exact(a[0]).dot(_exact(b[0])))
+
+
+def test_up_bounds_a_long_float_sum():
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.standard_normal(5000)) * 10.0 ** rng.integers(-8, 9, size=5000)
+    exact = sum(_exact(x), Fraction(0))
+    assert Fraction(float(midrad.up(np.sum(x), x.size))) >= exact
+    assert midrad.norm_upper((x, None)) ** 2 >= float(sum(_exact(x) ** 2, Fraction(0)))
+
+
+def _arb_jp(problem, X, P, h=1e-30):
+    """``J P`` from 200-bit arb central differences of the attention maps (truncation ~ h^2)."""
+    d, n = X.shape
+    old = flint.ctx.prec
+    flint.ctx.prec = 200
+    try:
+        cols = []
+        for j in range(P.shape[1]):
+            V = _arb_array(P[:, j].reshape(d, n)) * flint.arb(h)
+            Xa = _arb_array(X)
+            col = []
+            for hd in range(problem.heads):
+                W, u = _arb_array(problem.W[hd]), _arb_array(problem.U[hd])
+                Fp = _attention(Xa + V, W, u, _arb_exp)[1]
+                Fm = _attention(Xa - V, W, u, _arb_exp)[1]
+                col.append(((Fp - Fm) / flint.arb(2 * h)).reshape(-1))
+            cols.append(np.concatenate(col))
+        return np.array(cols).T
+    finally:
+        flint.ctx.prec = old
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_jacobian_enclosure_contains_high_precision_jp_and_bounds_the_remainder(heads):
+    problem, X_true = planted_instance(3, 5, heads=heads, seed=2)
+    rng = np.random.default_rng(1)
+    X = np.asarray(X_true) + 0.3 * rng.standard_normal(X_true.shape)  # off the fit: a large residual
+    d, n = X.shape
+    P = np.linalg.qr(rng.standard_normal((d * n, d * n - 2)))[0]
+    A, e2 = jacobian_slice_enclosure(problem, X, np.zeros_like(X), P, 0.0)
+    JP = _arb_jp(problem, X, P)
+    m, r = A
+    assert all(abs(JP[i, j] - flint.arb(float(m[i, j]))).upper() <= float(r[i, j]) + 1e-40
+               for i in range(m.shape[0]) for j in range(m.shape[1]))
+    # the Gauss-Newton split: ||hess L - J^T J|| <= e2 (here the residual is far from zero)
+    J = np.concatenate([np.asarray(jax.jacfwd(ref.attention)(X, problem.W[h], problem.U[h])).reshape(n * n, d * n)
+                        for h in range(heads)])
+    H = np.asarray(jax.hessian(ref.attention_loss)(X, problem.W, problem.U, problem.B, problem.Gamma, problem.X0))
+    E = H.reshape(d * n, d * n) - J.T @ J
+    assert np.linalg.norm(E, 2) <= e2
+    assert np.linalg.norm(E, 2) > 1e-3 * e2  # and the bound is not vacuous
+
+
+def test_softmax_hessian_norm_bound():
+    """``||hess f_c||_2 <= 3 f_c``, the constant behind the remainder bound, on random and peaked rows."""
+    rng = np.random.default_rng(0)
+    for scale in (0.1, 1.0, 10.0, 100.0):
+        s = scale * rng.standard_normal(7)
+        f = np.exp(s - s.max())
+        f /= f.sum()
+        for c in range(7):
+            e = np.eye(7)[c]
+            Hc = f[c] * np.outer(e - f, e - f) - f[c] * (np.diag(f) - np.outer(f, f))
+            # against jax.hessian of the softmax's c-th entry
+            Hj = np.asarray(jax.hessian(lambda t: jax.nn.softmax(t)[c])(s))
+            assert np.allclose(Hc, Hj, atol=1e-12)
+            assert np.linalg.norm(Hc, 2) <= 3 * f[c] * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sigma_min_bound_is_below_and_close_to_the_truth(seed):
+    """Ill-conditioned (cond 1e6) tall matrices: the bound holds for a member of the ball and is tight."""
+    rng = np.random.default_rng(seed)
+    U_, _ = np.linalg.qr(rng.standard_normal((60, 20)))
+    V_, _ = np.linalg.qr(rng.standard_normal((20, 20)))
+    s = np.logspace(0, -6, 20)
+    M = (U_ * s) @ V_.T
+    ball = (M, np.full_like(M, 1e-15))
+    lo, info = sigma_min_sq_lower(ball)
+    member = M + 1e-15 * rng.uniform(-1, 1, size=M.shape)
+    true = np.linalg.svd(member, compute_uv=False)[-1] ** 2
+    assert lo <= true and lo >= 0.99 * true, (lo, true, info)
+
+
+def test_sigma_min_bound_refuses_a_rank_deficient_matrix():
+    M = np.ones((6, 3))
+    lo, _ = sigma_min_sq_lower((M, None))
+    assert not lo > 1e-20
+
+
+@pytest.fixture(scope="module")
+def forced(request):
+    """One head (8, 16) through the interval-Jacobian path (SLICE_CERT_MAX lowered for the test)."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(certmod, "SLICE_CERT_MAX", 0)
+    problem, X_true = planted_instance(8, 16, seed=0, heads=1)
+    res = recover(problem, certify=False, validate=False)
+    sym = symmetries(problem)
+    cert, why = slice_certificate(problem, res.X, sym, None, iterations=0)
+    yield problem, X_true, res.X, sym, cert, why
+    mp.undo()
+
+
+def test_interval_jacobian_certificate_holds_and_rechecks(forced):
+    problem, X_true, X, sym, cert, why = forced
+    assert cert is not None, why
+    assert cert.kind == "interval-jacobian" and cert.status == "certified"
+    assert distance_to_orbit(problem, X, X_true) <= cert.error_bound <= 1e-10
+    out = recheck(cert, problem, X)
+    assert out["kind"] == "interval-jacobian" and out["error_bound"] <= cert.error_bound * (1 + 1e-9)
+
+
+def test_interval_jacobian_agrees_with_the_ball_hessian(forced):
+    """Both lower bounds on lambda_min on the slice, on the same box: the Gauss-Newton one is below
+    the Hessian's smallest eigenvalue and within 1% of the ball-Hessian bound."""
+    problem, _, X, sym, cert, _ = forced
+    P = slice_basis(problem, X, sym)
+    dX = np.asarray(cert.constants["dX"]).reshape(X.shape)
+    box = cert.constants["box_radius"]
+    bj = jacobian_slice_bounds(problem, X, dX, P, box)
+    bh = slice_bounds(problem, X, dX, P, box)
+    Hs = P.T @ np.asarray(problem.hessian(X)).reshape(P.shape[0], -1) @ P
+    lam = np.linalg.eigvalsh((Hs + Hs.T) / 2)[0]
+    assert 0 < bj["l_lower"] <= lam and 0 < bh["l_lower"] <= lam
+    assert abs(bj["l_lower"] - bh["l_lower"]) <= 1e-2 * bh["l_lower"]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("error_bound", lambda c: c.error_bound / 10, "error bound"),
+    ("radius", lambda c: c.radius * 10, "uniqueness radius"),
+    ("box_radius", lambda c: 1e-45, "slice theorem fails"),
+])
+def test_tampered_interval_jacobian_certificates_are_rejected(forced, field, value, message):
+    problem, _, X, _, cert, _ = forced
+    bad = (replace(cert, constants={**cert.constants, field: value(cert)}) if field == "box_radius"
+           else replace(cert, **{field: value(cert)}))
+    with pytest.raises(CertificateMismatchError, match=message):
+        recheck(bad, problem, X)
+
+
+def test_interval_jacobian_refuses_what_would_not_fit(monkeypatch):
+    monkeypatch.setattr(certmod, "SLICE_CERT_MAX", 0)
+    monkeypatch.setattr(certmod, "JACOBIAN_CERT_BYTES", 1024)
+    problem, X_true = planted_instance(4, 8, seed=0, heads=1)
+    cert, why = slice_certificate(problem, np.asarray(X_true), symmetries(problem), None, iterations=0)
+    assert cert is None and "GiB" in why
