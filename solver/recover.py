@@ -18,7 +18,7 @@ Pipeline (one way, in order):
    the interval-Hessian certificate (interval-Jacobian above ``SLICE_CERT_MAX``, up to
    ``JACOBIAN_CERT_MAX``), and, where the symmetry group is continuous, one more try
    at the orbit's smallest-norm point, :func:`solver.symmetry.balance_orbit`; above
-   ``SLICE_CERT_MAX`` X is moved there up front instead).
+   ``BALANCE_UP_FRONT_MIN`` X is moved there up front instead).
 4. **certified Newton** with the fixed step sizes of :mod:`solver.newton`.
 5. **final certificate** at the returned X: ``||X - X*|| <= ||grad|| / m`` with X*
    the unique critical point of L in the certified ball (modulo the
@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import certificate as _certificate
 from .certificate import Certificate, build_certificate, final_constants, gradient_safety
 from .errors import CertificationError, InvalidProblemError
 from .newton import DENSE_MAX, History, certified_newton, levenberg_marquardt
@@ -61,7 +60,7 @@ class Result:
     - `starts`: random starts tried (0 when the start was given or from the closed form)
     - `balanced`: True when X was moved along its orbit to the smallest-norm point
       (:func:`solver.symmetry.balance_orbit`): after a refused first attempt, which is then
-      retried (dn <= ``SLICE_CERT_MAX``), or up front (``SLICE_CERT_MAX`` < dn <= ``DENSE_MAX``);
+      retried (dn <= ``BALANCE_UP_FRONT_MIN``), or up front (``BALANCE_UP_FRONT_MIN`` < dn <= ``DENSE_MAX``);
       only for a continuous group of dimension at most ``BALANCE_MAX_DIM``
     """
 
@@ -156,6 +155,7 @@ def _starts(problem: Problem, restarts: int, seed: int):
 
 RESTARTS = 8  # random starts where the closed form does not apply
 BALANCE_MAX_DIM = 64  # group dimension up to which a refused X is moved along its orbit and retried
+BALANCE_UP_FRONT_MIN = 512  # dn above which X is balanced before the first attempt instead of after a refusal
 SQUARE_OUTPUT_RESTARTS = 32  # the square output system: about 5% of starts reach a root at (8, 16)
 
 
@@ -250,7 +250,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         Zb, nb = balance_orbit(problem, sym, Z)
         return Zb if nb < 0.99 * float(np.linalg.norm(Z)) else None
 
-    if can_balance and problem.d * problem.n > _certificate.SLICE_CERT_MAX:
+    if can_balance and problem.d * problem.n > BALANCE_UP_FRONT_MIN:
         # beyond the interval-Hessian certificate a refused first attempt is rarely rescued, and a
         # second one costs more than balancing up front (one head (32, 64): 39 s against 4.5 s)
         Xb = balanced_point(X)

@@ -429,9 +429,10 @@ def balance(sym: Symmetry, X: np.ndarray, max_iter: int = 100) -> tuple[np.ndarr
         except np.linalg.LinAlgError:
             step = -g / max(float(np.abs(np.linalg.eigvalsh(Hm)).max()), 1e-300)
         for _ in range(60):
-            Z = moved(Y, step)
-            if np.all(np.isfinite(Z)) and 0.5 * float(np.sum(Z * Z)) < f0:
-                break
+            with np.errstate(over="ignore", invalid="ignore"):  # a too-long step overflows: halve it
+                Z = moved(Y, step)
+                if np.all(np.isfinite(Z)) and 0.5 * float(np.sum(Z * Z)) < f0:
+                    break
             step = step / 2
         else:
             break
