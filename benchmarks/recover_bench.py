@@ -48,7 +48,7 @@ def accuracy(args):
             n = mult * d
             for label, kw in families:
                 exact = certified = rechecked = 0
-                errs, times, recheck_times, kinds = [], [], [], {}
+                errs, times, recheck_times, kinds, uncertified = [], [], [], {}, []
                 for seed in range(args.seed_start, args.seed_start + args.instances):
                     problem, X = planted_instance(d, n, seed=seed, **kw)
                     t = time.perf_counter()
@@ -67,12 +67,17 @@ def accuracy(args):
                             recheck_times.append(time.perf_counter() - t)
                         except (MemoryBudgetError, CertificateMismatchError) as e:  # not rechecked, and said
                             print(f"  seed {seed}: not rechecked: {type(e).__name__}: {e}", flush=True)
+                    else:
+                        uncertified.append(seed)
+                    print(f"  seed {seed}: error {err:.1e}, {res.status}"
+                          f"{' (' + res.certificate.kind + ')' if res.status == 'certified' else ''}, {times[-1]:.1f} s",
+                          file=sys.stderr, flush=True)
                 row = {"family": label, "d": d, "n": n, "instances": args.instances, "seeds": [args.seed_start,
                        args.seed_start + args.instances - 1], "exact": exact,
                        "certified": certified, "rechecked": rechecked, "median_error": float(np.median(errs)),
                        "worst_error": float(np.max(errs)), "median_seconds": float(np.median(times)),
                        "median_recheck_seconds": float(np.median(recheck_times)) if recheck_times else None,
-                       "kinds": kinds}
+                       "kinds": kinds, "uncertified_seeds": uncertified}
                 rows.append(row)
                 print(f"{label:20s} d={d:3d} n={n:4d}  exact {exact}/{args.instances}  certified {certified} "
                       f"(rechecked {rechecked})  median err {row['median_error']:.1e}  worst {row['worst_error']:.1e}  "
