@@ -219,3 +219,24 @@ def test_interval_jacobian_refuses_what_would_not_fit(monkeypatch):
     problem, X_true = planted_instance(4, 8, seed=0, heads=1)
     cert, why = slice_certificate(problem, np.asarray(X_true), symmetries(problem), None, iterations=0)
     assert cert is None and "GiB" in why
+
+
+def test_recover_certifies_one_head_above_dn_128_through_the_interval_jacobian():
+    """(8, 24), dn = 192: recover's own path (no monkeypatching), the local certificate out of reach."""
+    problem, X_true = planted_instance(8, 24, seed=0, heads=1)
+    res = recover(problem, certify=True, validate=False)
+    assert res.status == "certified" and res.certificate.kind == "interval-jacobian"
+    assert distance_to_orbit(problem, res.X, X_true) <= res.certificate.error_bound <= 1e-10
+    assert recheck(res.certificate, problem, res.X)["kind"] == "interval-jacobian"
+    assert "interval jacobian" in res.certificate.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_one_head_d16_n40_is_certified_and_rechecked(seed):
+    """dn = 640, above the 512 where the ball-Hessian certificate used to stop."""
+    problem, X_true = planted_instance(16, 40, seed=seed, heads=1)
+    res = recover(problem, certify=False, validate=False)
+    assert res.status == "certified", res.certificate.reason
+    assert distance_to_orbit(problem, res.X, X_true) <= res.certificate.error_bound
+    assert recheck(res.certificate, problem, res.X)["status"] == "certified"
