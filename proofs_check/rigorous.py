@@ -385,6 +385,7 @@ def jacobian_slice_enclosure(problem, X, dX, P, box_radius: float):
             Z = (Z[0].reshape(n, n, k), Z[1].reshape(n, n, k))   # [r, k', :] = q_r^T P_k'
             A2 = midrad.matmul(K, Z)
             Ah = midrad.add(A1, A2)
+            del A1, A2, Z, T  # the (n, n, k) temporaries: the memory peak is a handful of them
             blocks.append((Ah[0].reshape(n * n, k), Ah[1].reshape(n * n, k)))
             # the second-order remainder on the box
             pn = midrad.norm_upper(Pc)
@@ -395,7 +396,7 @@ def jacobian_slice_enclosure(problem, X, dX, P, box_radius: float):
             e2 += float(midrad.up(np.sum(midrad.magnitude(R) * midrad.magnitude(F) * c[:, None]), n * n + 4))
     finally:
         flint.ctx.prec = prec
-    A = (np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks]))
+    A = blocks[0] if len(blocks) == 1 else (np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks]))
     return A, float(midrad.up(e2, problem.heads + 1))
 
 

@@ -60,7 +60,10 @@ FIT_RTOL = 1e-8  # relative residual up to which a certified critical point is s
 # (benchmarks/certificate_bench.py)
 SLICE_CERT_MAX = 128
 JACOBIAN_CERT_MAX = 4096  # dn up to which the interval-Jacobian certificate is tried (above SLICE_CERT_MAX)
-JACOBIAN_CERT_BYTES = 6 * 1024**3  # and only when its float64 balls (about 14 arrays of H n^2 (dn - k)) fit in this
+# and only when its float64 balls fit in this many bytes (None: solver.memory's host budget, the smaller
+# of 8 GiB and 3/4 of the free memory); the peak is about 10 arrays of H n^2 (dn - k) (measured at
+# (32, 64), 644 MiB), estimated as 12
+JACOBIAN_CERT_BYTES = None
 RIGOROUS_GRADIENT_MAX = 20000  # dn up to which the gradient norm is bounded in ball arithmetic (about 1 s at 2048)
 
 
@@ -270,9 +273,14 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     jacobian = d * n > SLICE_CERT_MAX
     if d * n > JACOBIAN_CERT_MAX:
         return None, f"the interval-Hessian / -Jacobian certificates are not tried above dn = {JACOBIAN_CERT_MAX} (dn = {d * n})"
-    if jacobian and 14 * 8 * problem.heads * n * n * d * n > JACOBIAN_CERT_BYTES:
-        return None, (f"the interval-Jacobian certificate would need about {14 * 8 * problem.heads * n**3 * d / 1024**3:.1f} GiB "
-                      f"(more than {JACOBIAN_CERT_BYTES / 1024**3:.0f})")
+    if jacobian:
+        from .memory import GIB, available_bytes
+
+        budget = JACOBIAN_CERT_BYTES if JACOBIAN_CERT_BYTES is not None else min(8 * GIB, 0.75 * available_bytes())
+        need = 12 * 8 * problem.heads * n * n * d * n
+        if need > budget:
+            return None, (f"the interval-Jacobian certificate would need about {need / GIB:.1f} GiB "
+                          f"(more than the {budget / GIB:.1f} GiB budget)")
     X = np.asarray(X, np.float64)
     fit_tol = exact_fit_tolerance(problem)
     loss = float(problem.loss(X))
