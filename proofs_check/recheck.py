@@ -205,14 +205,14 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
     d, n = X.shape
     c = cert.constants or {}
     try:
-        dX = np.asarray(c["dX"], np.float64).reshape(d, n)
+        dX = np.asarray(c["dX"], np.float64).reshape(-1, d, n)  # one correction, or a double-double (hi, lo)
         box = float(c["box_radius"])
     except (KeyError, TypeError, ValueError) as e:
         raise CertificateMismatchError(f"interval-Hessian certificate without a usable dX / box_radius: {e}") from e
     if not (np.all(np.isfinite(dX)) and np.isfinite(box) and box > 0):
         raise CertificateMismatchError("interval-Hessian certificate: dX or box_radius is not finite and positive")
-    if np.linalg.norm(dX) > 1e-8 * max(1.0, float(np.linalg.norm(X))):
-        raise CertificateMismatchError(f"dX is not a polish of X: ||dX|| = {np.linalg.norm(dX):.3e}")
+    if np.linalg.norm(dX.sum(axis=0)) > 1e-8 * max(1.0, float(np.linalg.norm(X))):
+        raise CertificateMismatchError(f"dX is not a polish of X: ||dX|| = {np.linalg.norm(dX.sum(axis=0)):.3e}")
     # this recheck's own orbit basis and slice complement
     T = sym.orbit_tangent(X)
     if T.shape[1]:

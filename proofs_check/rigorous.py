@@ -32,6 +32,27 @@ def _arb_array(a, rad=0.0):
     return out
 
 
+def _arb_point(X, dX=None, radius: float = 0.0):
+    """arb balls of ``X + dX`` widened by ``radius``: ``dX`` is None, one float64 correction (d, n), or
+    several (m, d, n) whose sum is the correction (a double-double tail, `solver.certificate`'s
+    polish); the sum is exact in arb at the working precision, or a ball around it."""
+    Xa = _arb_array(X, radius) if radius else _arb_array(X)
+    if dX is not None:
+        for c in np.asarray(dX, np.float64).reshape(-1, *np.shape(X)):
+            Xa = Xa + _arb_array(c)
+    return Xa
+
+
+def correction_stats(dX, shape) -> tuple[float, float]:
+    """``(max |sum dX|, upper bound on ||sum dX||_2)`` of a correction as `_arb_point` takes it."""
+    if dX is None or np.size(dX) == 0:
+        return 0.0, 0.0
+    total = np.zeros(shape, dtype=object)
+    for c in np.asarray(dX, np.float64).reshape(-1, *shape):
+        total = total + _arb_array(c)
+    return float(max(abs(float(v.mid())) for v in total.reshape(-1))), _norm_upper(total.reshape(-1))
+
+
 def _norm_upper(entries) -> float:
     """Upper bound on ``sqrt(sum |x|^2)`` over arb balls ``x``, as a float (rounded up).
 
@@ -112,8 +133,8 @@ def grad_output_generic(X, W, u, Wv, B, exp):
 def gradient_enclosure(problem, X, dX=None) -> tuple[np.ndarray, np.ndarray]:
     """Midpoints and radii (d, n) of arb balls containing every entry of the exact gradient of the
     loss (attention maps or attention outputs; all heads and the regulariser) at the float64 point
-    X, or at the double-double point ``X + dX`` (``dX`` float64, summed exactly in arb) when ``dX``
-    is given."""
+    X, or at the extended-precision point ``X + dX`` (``dX`` float64, one or several corrections,
+    summed exactly in arb: `_arb_point`) when ``dX`` is given."""
     from solver.problem import ATTENTION
 
     output = problem.variant != ATTENTION
@@ -122,7 +143,7 @@ def gradient_enclosure(problem, X, dX=None) -> tuple[np.ndarray, np.ndarray]:
     # keep them far below the gradient of a double-double point (about 1e-30 after a polish)
     flint.ctx.prec = 128 if dX is None else 320
     try:
-        Xa = _arb_array(X) if dX is None else _arb_array(X) + _arb_array(dX)
+        Xa = _arb_point(X, dX)
         total = _arb_array(problem.Gamma**2) * (Xa - _arb_array(problem.X0))
         for h in range(problem.heads):
             W, u, B = _arb_array(problem.W[h]), _arb_array(problem.U[h]), _arb_array(problem.B[h])
@@ -162,7 +183,7 @@ def hessian_on_box(Xc, radius, W, u, B, gamma, dX=None):
     """Ball Hessian (one head) on the box ``|X - Xc| <= radius``, or ``|X - (Xc + dX)| <= radius``
     (the double-double centre summed exactly: call at 128 bits or more, see `hessian_enclosure`)."""
     d, n = Xc.shape
-    X = _arb_array(Xc, radius) if dX is None else _arb_array(Xc, radius) + _arb_array(dX)
+    X = _arb_point(Xc, dX, radius)
     Wa, ua, Ba = _arb_array(W), _arb_array(u), _arb_array(B)
     G2 = _arb_array(np.full((d, n), gamma**2))
     cols = []
@@ -228,8 +249,8 @@ def slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
     s_P = float((1 + flint.arb(dev)).sqrt().upper())
     Hb = hessian_enclosure(problem, np.asarray(X, np.float64), float(box_radius), dX=np.asarray(dX, np.float64))
     l_lower = lambda_min_lower(_to_object(Pa.transpose() * Hb * Pa))
-    dX_2 = _norm_upper(_arb_array(dX).reshape(-1))
-    return {"g_up": g_up, "s_P": s_P, "l_lower": l_lower, "dX_inf": float(np.max(np.abs(dX))) if dX.size else 0.0,
+    dX_inf, dX_2 = correction_stats(dX, np.shape(X))
+    return {"g_up": g_up, "s_P": s_P, "l_lower": l_lower, "dX_inf": dX_inf,
             "dX_2": dX_2, "box_radius": float(box_radius), "hessian_mid": Hb}
 
 
@@ -368,7 +389,7 @@ def jacobian_slice_enclosure(problem, X, dX, P, box_radius: float):
     prec = flint.ctx.prec
     flint.ctx.prec = max(prec, 128)
     try:
-        Xa = _arb_array(X, box_radius) + _arb_array(dX)
+        Xa = _arb_point(X, dX, box_radius)
         ones = np.ones((1, n), dtype=object)
         blocks, e2 = [], 0.0
         for h in range(problem.heads):
@@ -455,6 +476,7 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
     gz = midrad.matmul((P.T, None), (mid.reshape(dn, 1), rad.reshape(dn, 1)))
     g_up = midrad.norm_upper(gz)
     l_lower = float((flint.arb(s2) - flint.arb(e2) * flint.arb(s_P) ** 2).lower()) if math.isfinite(s2) else -math.inf
-    return {"g_up": g_up, "s_P": s_P, "l_lower": l_lower, "dX_inf": float(np.max(np.abs(dX))) if dX.size else 0.0,
-            "dX_2": midrad.norm_upper((dX, None)), "box_radius": float(box_radius), "sigma_min_sq_lower": s2,
+    dX_inf, dX_2 = correction_stats(dX, X.shape)
+    return {"g_up": g_up, "s_P": s_P, "l_lower": l_lower, "dX_inf": dX_inf,
+            "dX_2": dX_2, "box_radius": float(box_radius), "sigma_min_sq_lower": s2,
             "hessian_remainder": e2, **info, "jacobian_mid": A[0], "jacobian_rad_norm": midrad.norm_upper((A[1], None))}
