@@ -240,3 +240,16 @@ def test_one_head_d16_n40_is_certified_and_rechecked(seed):
     assert res.status == "certified", res.certificate.reason
     assert distance_to_orbit(problem, res.X, X_true) <= res.certificate.error_bound
     assert recheck(res.certificate, problem, res.X)["status"] == "certified"
+
+
+def test_the_polish_gets_below_a_float64_corrections_floor():
+    """One head (16, 32), seed 128: with dX a single float64 array the polished gradient stalled at
+    5e-27, above the 1.6e-27 its box allows, and the certificate was refused; dX as a double-double
+    (hi, lo) goes below 1e-30."""
+    problem, X_true = planted_instance(16, 32, seed=128, heads=1)
+    res = recover(problem, certify=False, validate=False)
+    assert res.status == "certified", res.certificate.reason
+    assert res.certificate.constants["g_up"] < 1e-29
+    assert len(res.certificate.constants["dX"]) == 2 * X_true.size
+    assert distance_to_orbit(problem, res.X, X_true) <= res.certificate.error_bound
+    assert recheck(res.certificate, problem, res.X)["status"] == "certified"
