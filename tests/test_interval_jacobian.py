@@ -253,3 +253,17 @@ def test_the_polish_gets_below_a_float64_corrections_floor():
     assert len(res.certificate.constants["dX"]) == 2 * X_true.size
     assert distance_to_orbit(problem, res.X, X_true) <= res.certificate.error_bound
     assert recheck(res.certificate, problem, res.X)["status"] == "certified"
+
+
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_interval_jacobian_certificates_always_recheck(seed):
+    """The property: a certified run never reports a certificate that recheck rejects, on one head at
+    (8, 20) (dn = 160, the interval-Jacobian's range), whatever the seed; uncertified runs carry no bound."""
+    problem, X_true = planted_instance(8, 20, seed=seed, heads=1)
+    res = recover(problem, certify=False, validate=False)
+    if res.status == "certified":
+        assert recheck(res.certificate, problem, res.X)["status"] == "certified"
+        assert distance_to_orbit(problem, res.X, X_true) <= res.certificate.error_bound
+    else:
+        assert res.certificate.error_bound is None
