@@ -104,6 +104,18 @@ def norm_upper(a) -> float:
     return float(up(math.sqrt(s), 2))
 
 
+def two_norm_upper(a) -> float:
+    """Upper bound on the spectral norm of every member of the (m, k) ball: ``||A||_2^2 =
+    lambda_max(A A^T) <= ||A A^T||_inf`` (an induced norm bounds the spectral radius), the smaller
+    of that and the Frobenius norm."""
+    m = a[0]
+    if m.shape[0] > m.shape[1]:
+        a = transpose(a)
+    G = magnitude(matmul(a, transpose(a)))
+    rows = up(np.sum(G, axis=1), G.shape[1] + 1)
+    return min(float(up(math.sqrt(float(np.max(rows))), 2)), norm_upper(a))
+
+
 def from_arb(obj: np.ndarray):
     """Ball of float64 arrays containing an object array of python-flint ``arb`` balls: the midpoint
     rounded to nearest, the radius widened by one ulp of it (the midpoint's rounding) and one ulp

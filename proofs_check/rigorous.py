@@ -378,8 +378,8 @@ def jacobian_slice_enclosure(problem, X, dX, P, box_radius: float):
     The remainder: ``hess F_rc = J_r^T hess f_c J_r + sum_j (df_c / ds_j) hess S_rj`` with
     ``hess f_c = f_c (e_c - f)(e_c - f)^T - f_c (diag f - f f^T)`` (2-norm at most ``3 f_c``),
     ``||J_r|| <= ||P||_2 + ||q_r||``, ``sum_j |df_c / ds_j| = 2 f_c (1 - f_c) <= 2 f_c`` and
-    ``||hess S_rj||_2 <= 2 ||W||_2``; so ``||E||_2 <= sum |R_rc| f_rc (3 (||P||_F + ||q_r||)^2 +
-    4 ||W||_F)``.
+    ``||hess S_rj||_2 <= 2 ||W||_2``; so ``||E||_2 <= sum |R_rc| f_rc (3 (||P||_2 + ||q_r||)^2 +
+    4 ||W||_2)``, the 2-norms bounded by `midrad.two_norm_upper`.
     """
     d, n = X.shape
     k = P.shape[1]
@@ -409,10 +409,10 @@ def jacobian_slice_enclosure(problem, X, dX, P, box_radius: float):
             del A1, A2, Z, T  # the (n, n, k) temporaries: the memory peak is a handful of them
             blocks.append((Ah[0].reshape(n * n, k), Ah[1].reshape(n * n, k)))
             # the second-order remainder on the box
-            pn = midrad.norm_upper(Pc)
+            pn = midrad.two_norm_upper(Pc)
             qmag = midrad.magnitude(Qc)
             qn = midrad.up(np.sqrt(midrad.up(np.sum(qmag * qmag, axis=0), d + 1)), 2)
-            wn = midrad.norm_upper((np.asarray(problem.W[h], np.float64), None))
+            wn = midrad.two_norm_upper((np.asarray(problem.W[h], np.float64), None))
             c = midrad.up(3.0 * (pn + qn) ** 2 + 4.0 * wn, 6)
             e2 += float(midrad.up(np.sum(midrad.magnitude(R) * midrad.magnitude(F) * c[:, None]), n * n + 4))
     finally:

@@ -267,3 +267,14 @@ def test_interval_jacobian_certificates_always_recheck(seed):
         assert distance_to_orbit(problem, res.X, X_true) <= res.certificate.error_bound
     else:
         assert res.certificate.error_bound is None
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (7, 3), (32, 128)])
+def test_two_norm_upper_bound(shape):
+    """Above the spectral norm of a member, and below the Frobenius norm it replaces (random dense)."""
+    rng = np.random.default_rng(0)
+    ball = _random_ball(rng, shape, 0)
+    bound = midrad.two_norm_upper(ball)
+    assert np.linalg.norm(_member(rng, ball), 2) <= bound <= midrad.norm_upper(ball)
+    if shape == (32, 128):
+        assert bound < 0.6 * midrad.norm_upper(ball)
