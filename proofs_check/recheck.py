@@ -211,7 +211,9 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         raise CertificateMismatchError(f"interval-Hessian certificate without a usable dX / box_radius: {e}") from e
     if not (np.all(np.isfinite(dX)) and np.isfinite(box) and box > 0):
         raise CertificateMismatchError("interval-Hessian certificate: dX or box_radius is not finite and positive")
-    if np.linalg.norm(dX.sum(axis=0)) > 1e-8 * max(1.0, float(np.linalg.norm(X))):
+    from solver.certificate import POLISH_MAX_REL
+
+    if np.linalg.norm(dX.sum(axis=0)) > POLISH_MAX_REL * max(1.0, float(np.linalg.norm(X))):
         raise CertificateMismatchError(f"dX is not a polish of X: ||dX|| = {np.linalg.norm(dX.sum(axis=0)):.3e}")
     # this recheck's own orbit basis and slice complement
     T = sym.orbit_tangent(X)

@@ -56,6 +56,7 @@ from .newton import LocalConstants, _project_out, extreme_eigenvalues, local_con
 from .problem import ATTENTION, Problem
 
 POLISH_STEPS = 8  # most Newton steps towards the double-double point of the slice certificates
+POLISH_MAX_REL = 1e-8  # largest ||dX|| / max(1, ||X||) of a slice certificate (issued and rechecked alike)
 FIT_RTOL = 1e-8  # relative residual up to which a certified critical point is said to reproduce B
 # dn up to which the interval-Hessian certificate is tried (dn HVPs in ball arithmetic); above it the
 # interval-Jacobian one, 57x faster at (8, 32) and 69x at (16, 32) with lambda_min bounds within 0.3%
@@ -311,6 +312,12 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
         hi = dX[0] + step
         bb = hi - dX[0]
         dX = np.stack([hi, dX[1] + ((dX[0] - (hi - bb)) + (step - bb))])
+    moved = float(np.linalg.norm(dX.sum(axis=0)))
+    if moved > POLISH_MAX_REL * max(1.0, float(np.linalg.norm(X))):
+        # recheck holds a certificate to X + dX being a polish of X (the same test): refuse, never
+        # issue what it would reject (a 4-head MiniLM-like layer, dn = 2880: ||dX|| = 1.8e-6)
+        return None, (f"the polish moved X by ||dX|| = {moved:.1e} > {POLISH_MAX_REL:g} max(1, ||X||): X is not at the "
+                      "critical point to float64 accuracy")
     scale = max(1.0, float(np.abs(X).max()))
     tried = []
     for s in box_scales:

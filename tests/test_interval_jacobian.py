@@ -278,3 +278,14 @@ def test_two_norm_upper_bound(shape):
     assert np.linalg.norm(_member(rng, ball), 2) <= bound <= midrad.norm_upper(ball)
     if shape == (32, 128):
         assert bound < 0.6 * midrad.norm_upper(ball)
+
+
+def test_a_polish_that_moves_x_too_far_is_refused_not_issued(monkeypatch):
+    """recheck rejects a certificate whose dX is not a polish of X (||dX|| > 1e-8 max(1, ||X||)); the
+    issuer applies the same test and refuses (a 4-head layer at dn = 2880 once got a certificate
+    with ||dX|| = 1.8e-6, which recheck then rejected)."""
+    monkeypatch.setattr(certmod, "POLISH_MAX_REL", 1e-30)
+    problem, X_true = planted_instance(8, 20, seed=0, heads=1)
+    res = recover(problem, certify=False, validate=False)
+    cert, why = slice_certificate(problem, res.X, symmetries(problem), None, iterations=0)
+    assert cert is None and "polish moved X" in why
