@@ -104,6 +104,13 @@ def norm_upper(a) -> float:
     return float(up(math.sqrt(s), 2))
 
 
+def orthonormality_defect(Q) -> float:
+    """Upper bound on ``||Q^T Q - I||_F`` for a float64 matrix Q (exact entries), so that
+    ``||Q||_2^2 <= 1 + ||Q^T Q - I||_F`` (Weyl)."""
+    Q = np.asarray(Q, np.float64)
+    return norm_upper(add(matmul((Q.T, None), (Q, None)), (np.eye(Q.shape[1]), None), -1.0))
+
+
 def two_norm_upper(a) -> float:
     """Upper bound on the spectral norm of every member of the (m, k) ball: ``||A||_2^2 =
     lambda_max(A A^T) <= ||A A^T||_inf`` (an induced norm bounds the spectral radius), the smaller

@@ -24,7 +24,7 @@ import numpy as np
 import sympy as sp
 
 from derivations.lemmas import SYMBOLS, lemma
-from solver.certificate import Certificate, array_digest
+from solver.certificate import POLISH_MAX_REL, Certificate, array_digest
 from solver.errors import CertificateMismatchError
 from solver.problem import ATTENTION, Problem
 from solver.symmetry import symmetries
@@ -211,8 +211,6 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         raise CertificateMismatchError(f"interval-Hessian certificate without a usable dX / box_radius: {e}") from e
     if not (np.all(np.isfinite(dX)) and np.isfinite(box) and box > 0):
         raise CertificateMismatchError("interval-Hessian certificate: dX or box_radius is not finite and positive")
-    from solver.certificate import POLISH_MAX_REL
-
     if np.linalg.norm(dX.sum(axis=0)) > POLISH_MAX_REL * max(1.0, float(np.linalg.norm(X))):
         raise CertificateMismatchError(f"dX is not a polish of X: ||dX|| = {np.linalg.norm(dX.sum(axis=0)):.3e}")
     # this recheck's own orbit basis and slice complement

@@ -36,7 +36,7 @@ def _arb_point(X, dX=None, radius: float = 0.0):
     """arb balls of ``X + dX`` widened by ``radius``: ``dX`` is None, one float64 correction (d, n), or
     several (m, d, n) whose sum is the correction (a double-double tail, `solver.certificate`'s
     polish); the sum is exact in arb at the working precision, or a ball around it."""
-    Xa = _arb_array(X, radius) if radius else _arb_array(X)
+    Xa = _arb_array(X, radius)
     if dX is not None:
         for c in np.asarray(dX, np.float64).reshape(-1, *np.shape(X)):
             Xa = Xa + _arb_array(c)
@@ -47,9 +47,7 @@ def correction_stats(dX, shape) -> tuple[float, float]:
     """``(max |sum dX|, upper bound on ||sum dX||_2)`` of a correction as `_arb_point` takes it."""
     if dX is None or np.size(dX) == 0:
         return 0.0, 0.0
-    total = np.zeros(shape, dtype=object)
-    for c in np.asarray(dX, np.float64).reshape(-1, *shape):
-        total = total + _arb_array(c)
+    total = _arb_point(np.zeros(shape), dX)
     return float(max(abs(float(v.mid())) for v in total.reshape(-1))), _norm_upper(total.reshape(-1))
 
 
@@ -445,8 +443,7 @@ def sigma_min_sq_lower(A) -> tuple[float, dict]:
     s_lo = np.sqrt(D) * (1.0 - 4.0 * midrad.U)
     Ep = midrad.up((off + Gr) / (s_lo[:, None] * s_lo[None, :]), 4)
     e = midrad.norm_upper((Ep, None))
-    k = V.shape[1]
-    fV = midrad.norm_upper(midrad.add(midrad.matmul((V.T, None), (V, None)), (np.eye(k), None), -1.0))
+    fV = midrad.orthonormality_defect(V)
     info.update({"gram_offdiag_rel": e, "V_orth_dev": fV})
     if not e < 1:
         return -math.inf, info
@@ -469,9 +466,7 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
     A, e2 = jacobian_slice_enclosure(problem, X, dX, P, float(box_radius))
     s2, info = sigma_min_sq_lower(A)
     dn = P.shape[0]
-    PtP = midrad.matmul((P.T, None), (P, None))
-    dev = midrad.norm_upper(midrad.add(PtP, (np.eye(P.shape[1]), None), -1.0))
-    s_P = float((1 + flint.arb(dev)).sqrt().upper())
+    s_P = float((1 + flint.arb(midrad.orthonormality_defect(P))).sqrt().upper())
     mid, rad = gradient_enclosure(problem, X, dX)
     gz = midrad.matmul((P.T, None), (mid.reshape(dn, 1), rad.reshape(dn, 1)))
     g_up = midrad.norm_upper(gz)

@@ -59,7 +59,7 @@ POLISH_STEPS = 8  # most Newton steps towards the double-double point of the sli
 POLISH_MAX_REL = 1e-8  # largest ||dX|| / max(1, ||X||) of a slice certificate (issued and rechecked alike)
 FIT_RTOL = 1e-8  # relative residual up to which a certified critical point is said to reproduce B
 # dn up to which the interval-Hessian certificate is tried (dn HVPs in ball arithmetic); above it the
-# interval-Jacobian one, 57x faster at (8, 32) and 69x at (16, 32) with lambda_min bounds within 0.3%
+# interval-Jacobian one, 55-58x faster at (8, 32) and 70-74x at (16, 32) with lambda_min bounds within 0.3%
 # (benchmarks/certificate_bench.py)
 SLICE_CERT_MAX = 128
 JACOBIAN_CERT_MAX = 4096  # dn up to which the interval-Jacobian certificate is tried (above SLICE_CERT_MAX)

@@ -251,8 +251,8 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         return Zb if nb < 0.99 * float(np.linalg.norm(Z)) else None
 
     if can_balance and problem.d * problem.n > BALANCE_UP_FRONT_MIN:
-        # beyond the interval-Hessian certificate a refused first attempt is rarely rescued, and a
-        # second one costs more than balancing up front (one head (32, 64): 39 s against 4.5 s)
+        # at this size a second attempt after a refusal costs more than balancing up front (one
+        # head (32, 64): 39 s against 4.5 s)
         Xb = balanced_point(X)
         if Xb is not None:
             X, balanced = Xb, True
