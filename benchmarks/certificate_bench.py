@@ -9,6 +9,11 @@ For each one-head planted instance: ``recover(certify=False)``, the slice basis 
 ``slice_certificate`` tries) around the unpolished X. Prints seconds, the ratio, and both bounds
 next to the float64 eigenvalue (not rigorous, for scale). The ball Hessian is skipped above
 ``--hessian-max`` (dn).
+
+Then, for ``--la-sizes`` (default 32x64, one head), the interval-Jacobian path's two dense
+factorisations, each against the one it replaced, in the same run: the slice basis (complete QR of
+the orbit tangent against the SVD of ``I - T T^T``) and the V of ``sigma_min_sq_lower`` (eigh of
+the Gram matrix against the SVD of the midpoint), with both bounds on ``sigma_min(J P)^2``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 
 import numpy as np
 
-from proofs_check.rigorous import jacobian_slice_bounds, slice_bounds
+from proofs_check.rigorous import _sigma_min_sq_with, jacobian_slice_bounds, jacobian_slice_enclosure, slice_bounds
 from solver.certificate import slice_basis
 from solver.io import atomic_write_json
 from solver.problem import planted_instance
@@ -31,6 +36,7 @@ def main(argv=None):
     ap.add_argument("--sizes", default="8x16,8x32,16x32", help="d x n pairs, one head")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--hessian-max", type=int, default=512, help="largest dn for the ball Hessian")
+    ap.add_argument("--la-sizes", default="32x64", help="d x n pairs for the factorisation table ('' to skip)")
     ap.add_argument("--json", default="benchmarks/results/certificate_bench.json")
     args = ap.parse_args(argv)
     rows = []
@@ -60,8 +66,49 @@ def main(argv=None):
             rows.append(row)
             print(f"{f'({d}, {n})':>9} {seed:>4} {th:>10.2f} {tj:>10.2f} {row['ratio']:>7.1f} "
                   f"{lh:>10.3e} {bj['l_lower']:>10.3e} {eig:>11.3e}", flush=True)
-    atomic_write_json(args.json, {"rows": rows, "box": "1e-20 max(1, |X|_max)", "threads": "OPENBLAS_NUM_THREADS as run"})
+    la = linear_algebra(args.la_sizes, [int(s) for s in args.seeds.split(",")]) if args.la_sizes else []
+    atomic_write_json(args.json, {"rows": rows, "linear_algebra": la, "box": "1e-20 max(1, |X|_max)",
+                                  "threads": "OPENBLAS_NUM_THREADS as run"})
     print(f"wrote {args.json}")
+
+
+def _timed(f):
+    t = time.perf_counter()
+    out = f()
+    return out, time.perf_counter() - t
+
+
+def linear_algebra(sizes: str, seeds: list[int]) -> list[dict]:
+    """The factorisation table (see the module docstring)."""
+    rows = []
+    print(f"\n{'(d, n)':>9} {'seed':>4} {'basis svd s':>11} {'basis qr s':>10} {'ratio':>6} "
+          f"{'V svd s':>8} {'V eigh s':>8} {'ratio':>6} {'s2 (svd V)':>11} {'s2 (eigh V)':>11}")
+    for size in sizes.split(","):
+        d, n = (int(v) for v in size.split("x"))
+        for seed in seeds:
+            problem, _ = planted_instance(d, n, heads=1, seed=seed)
+            X = np.asarray(recover(problem, certify=False, validate=False).X)
+            sym = symmetries(problem)
+            from solver.newton import _orthonormal
+
+            T = _orthonormal(sym.orbit_tangent(X))
+            dn, k = d * n, T.shape[1]
+            P_svd, t_bsvd = _timed(lambda: np.linalg.svd(np.eye(dn) - T @ T.T)[0][:, : dn - k])
+            P, t_bqr = _timed(lambda: slice_basis(problem, X, sym))
+            box = 1e-20 * max(1.0, float(np.abs(X).max()))
+            A, _ = jacobian_slice_enclosure(problem, X, np.zeros_like(X), P, box)
+            Am = A[0]
+            (s_svd, _), t_vsvd = _timed(lambda: _sigma_min_sq_with(A, np.linalg.svd(Am, full_matrices=False)[2].T))
+            (s_eig, info), t_veig = _timed(lambda: _sigma_min_sq_with(A, np.linalg.eigh(Am.T @ Am)[1]))
+            row = {"d": d, "n": n, "seed": seed, "k": k, "basis_svd_seconds": t_bsvd, "basis_qr_seconds": t_bqr,
+                   "V_svd_seconds": t_vsvd, "V_eigh_seconds": t_veig, "s2_svd_V": s_svd, "s2_eigh_V": s_eig,
+                   "gram_offdiag_rel_eigh_V": info.get("gram_offdiag_rel"),
+                   "basis_complement_defect": float(np.linalg.norm(P.T @ T)),
+                   "basis_svd_complement_defect": float(np.linalg.norm(P_svd.T @ T))}
+            rows.append(row)
+            print(f"{f'({d}, {n})':>9} {seed:>4} {t_bsvd:>11.2f} {t_bqr:>10.2f} {t_bsvd / t_bqr:>6.1f} "
+                  f"{t_vsvd:>8.2f} {t_veig:>8.2f} {t_vsvd / t_veig:>6.1f} {s_svd:>11.4e} {s_eig:>11.4e}", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -73,9 +73,9 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
     Hm = (Hm + Hm.T) / 2
     T = sym.orbit_tangent(X)
     if T.shape[1]:
-        Q, _ = np.linalg.qr(T)
+        Qc = np.linalg.qr(T, mode="complete")[0]
+        Q, comp = Qc[:, : T.shape[1]], Qc[:, T.shape[1]:]
         g = g - Q @ (Q.T @ g)
-        comp = np.linalg.svd(np.eye(d * n) - Q @ Q.T)[0][:, : d * n - Q.shape[1]]
         Hm = comp.T @ Hm @ comp
     ev = np.linalg.eigvalsh(Hm)
     eps = np.finfo(np.float64).eps
@@ -216,8 +216,7 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
     # this recheck's own orbit basis and slice complement
     T = sym.orbit_tangent(X)
     if T.shape[1]:
-        Q, _ = np.linalg.qr(T)
-        P = np.linalg.svd(np.eye(d * n) - Q @ Q.T)[0][:, : d * n - Q.shape[1]]
+        P = np.linalg.qr(T, mode="complete")[0][:, T.shape[1]:]
     else:
         P = np.eye(d * n)
     loss, args = _loss_and_args(problem)

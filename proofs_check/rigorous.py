@@ -423,14 +423,31 @@ def sigma_min_sq_lower(A) -> tuple[float, dict]:
     """Rigorous lower bound on ``sigma_min(M)^2`` for every matrix M of the float ball ``A`` (m, k),
     m >= k, without forming ``M^T M`` in a way that squares the rounding.
 
-    ``V`` from the float SVD of the midpoint; ``C = M V`` and ``G = C^T C`` as balls. With
-    ``D = diag(mid G)``: ``G = D^(1/2) (I + E') D^(1/2)``, ``|E'| <= (|G - D| + rad G) / sqrt(D_i
-    D_j)``, so ``lambda_min(G) >= min D (1 - ||E'||_F)``: the rounding of ``G`` counts relative
-    to the columns' own norms, not to ``||M||^2``. Then ``sigma_min(M)^2 >= lambda_min(G) /
-    ||V||_2^2`` with ``||V||_2^2 <= 1 + ||V^T V - I||_F``.
+    ``V`` approximate right singular vectors of the midpoint; ``C = M V`` and ``G = C^T C`` as
+    balls. With ``D = diag(mid G)``: ``G = D^(1/2) (I + E') D^(1/2)``, ``|E'| <= (|G - D| + rad G)
+    / sqrt(D_i D_j)``, so ``lambda_min(G) >= min D (1 - ||E'||_F)``: the rounding of ``G`` counts
+    relative to the columns' own norms, not to ``||M||^2``. Then ``sigma_min(M)^2 >=
+    lambda_min(G) / ||V||_2^2`` with ``||V||_2^2 <= 1 + ||V^T V - I||_F``.
+
+    Any V gives a valid bound; V only decides how tight. It is first taken from ``eigh`` of the
+    float Gram matrix of the midpoint (4x faster than its SVD at (4096, 2040)); its columns for
+    singular values near ``sqrt(eps) ||M||`` are inaccurate, which shows as a large ``||E'||``,
+    and then V is recomputed from the SVD (``info["V_from"]`` says which).
     """
     Am = A[0]
-    V = np.linalg.svd(Am, full_matrices=False)[2].T
+    s2, info = _sigma_min_sq_with(A, np.linalg.eigh(Am.T @ Am)[1])
+    info["V_from"] = "eigh"
+    if not info.get("gram_offdiag_rel", math.inf) <= SIGMA_GRAM_EPRIME_MAX:
+        s2, info = _sigma_min_sq_with(A, np.linalg.svd(Am, full_matrices=False)[2].T)
+        info["V_from"] = "svd"
+    return s2, info
+
+
+SIGMA_GRAM_EPRIME_MAX = 1e-3  # ||E'||_F above which V from the Gram matrix is replaced by the SVD's
+
+
+def _sigma_min_sq_with(A, V) -> tuple[float, dict]:
+    """`sigma_min_sq_lower`'s bound for a given (k, k) V."""
     C = midrad.matmul(A, (V, None))
     G = midrad.matmul(midrad.transpose(C), C)
     Gm, Gr = G

@@ -157,6 +157,24 @@ def test_sigma_min_bound_is_below_and_close_to_the_truth(seed):
     assert lo <= true and lo >= 0.99 * true, (lo, true, info)
 
 
+@pytest.mark.parametrize("cond, source", [(1e3, "eigh"), (1e10, "svd")])
+def test_sigma_min_bound_takes_v_from_the_gram_matrix_or_falls_back_to_the_svd(cond, source):
+    """V from eigh of the float Gram matrix where it is accurate enough (cond 1e3); at cond 1e10 its
+    smallest columns are noise (eps cond^2 >> 1), and the SVD's V gives the bound instead: tight
+    either way, and below the true sigma_min^2 (mpmath at 40 digits)."""
+    rng = np.random.default_rng(7)
+    U_, _ = np.linalg.qr(rng.standard_normal((60, 20)))
+    V_, _ = np.linalg.qr(rng.standard_normal((20, 20)))
+    M = (U_ * np.logspace(0, -np.log10(cond), 20)) @ V_.T
+    lo, info = sigma_min_sq_lower((M, None))
+    import mpmath
+
+    with mpmath.workdps(40):  # float64's SVD is only accurate to eps / cond relative here
+        true = float(min(mpmath.svd_r(mpmath.matrix(M.tolist()), compute_uv=False)) ** 2)
+    assert info["V_from"] == source, info
+    assert lo <= true and lo >= 0.99 * true, (lo, true, info)
+
+
 def test_sigma_min_bound_refuses_a_rank_deficient_matrix():
     M = np.ones((6, 3))
     lo, _ = sigma_min_sq_lower((M, None))
