@@ -78,11 +78,16 @@ def matmul(a, b):
     cm = am @ bm
     aa, ab = np.abs(am), np.abs(bm)
     gamma = 1.03 * (K + 1) * U  # >= gamma_K (1 + 1.01 K u): gamma_K times the rounding of |am| @ |bm|
-    cr = gamma * (aa @ ab)
-    if br is not None:
-        cr = cr + aa @ br
-    if ar is not None:
-        cr = cr + ar @ (ab if br is None else ab + br)
+    # gamma |am||bm| + |am| br + ar (|bm| + br), grouped into as few products as the radii allow
+    # (one or two besides the midpoint's); each term of each is rounded at most K + 3 times
+    if ar is None and br is None:
+        cr = gamma * (aa @ ab)
+    elif br is None:
+        cr = (gamma * aa + ar) @ ab
+    elif ar is None:
+        cr = aa @ (gamma * ab + br)
+    else:
+        cr = aa @ (gamma * ab + br) + ar @ (ab + br)
     return cm, up(cr, K + 6)
 
 

@@ -73,6 +73,13 @@ def test_float_balls_contain_the_exact_results(seed, k, spread):
     assert _contains(midrad.mul(a, c), _exact(A) * _exact(C))
     assert _contains(midrad.add(a, c, -1.0), _exact(A) - _exact(C))
     assert _contains(midrad.matmul((a[0], None), (b[0], None)), _exact(a[0]).dot(_exact(b[0])))
+    # one radius only, and radii of zero (the rounding term alone, through each grouping)
+    assert _contains(midrad.matmul(a, (b[0], None)), _exact(A).dot(_exact(b[0])))
+    assert _contains(midrad.matmul((a[0], None), b), _exact(a[0]).dot(_exact(B)))
+    zero_a, zero_b = (a[0], np.zeros_like(a[0])), (b[0], np.zeros_like(b[0]))
+    exact_mid = _exact(a[0]).dot(_exact(b[0]))
+    for x, y in ((zero_a, zero_b), (zero_a, (b[0], None)), ((a[0], None), zero_b)):
+        assert _contains(midrad.matmul(x, y), exact_mid)
 
 
 def test_up_bounds_a_long_float_sum():
