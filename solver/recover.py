@@ -160,7 +160,7 @@ SQUARE_OUTPUT_RESTARTS = 32  # the square output system: about 5% of starts reac
 
 
 def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bool = True, gtol: float = 1e-10,
-            max_iter: int = 200, restarts: int | None = None, seed: int = 0) -> Result:
+            max_iter: int = 200, restarts: int | None = None, seed: int = 0, progress=None) -> Result:
     """Recover X from a :class:`~solver.problem.Problem`.
 
     **Arguments**
@@ -175,6 +175,9 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     - `restarts`, `seed`: random starts when the closed form does not apply (default
       ``RESTARTS`` = 8; ``SQUARE_OUTPUT_RESTARTS`` = 32 for the square output system, where
       the search stops at the first start that ends on a proved root)
+    - `progress`: optional callable ``progress(message: str)``, called at each stage (start,
+      solver pass, certificate tried and its outcome): the large certificates take minutes
+      (one head (32, 128): about 8) and say nothing otherwise
 
     The square attention-output system (one head, d_v = d, no regulariser): each random start
     runs LM, then Newton on ``O(X) = B`` (:func:`solver.roots.polish`), and the first one that
@@ -187,6 +190,11 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     Returns a :class:`Result`.
     """
     t0 = time.perf_counter()
+
+    def say(message: str) -> None:
+        if progress is not None:
+            progress(message)
+
     if problem.dtype != np.float64:
         problem = Problem.create(problem.W, problem.B, u=problem.U if problem.has_bias else None,
                                  W_V=problem.W_V, gamma=problem.Gamma, X0=problem.X0, dtype=np.float64)
@@ -201,6 +209,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
 
         X = algebraic_init(problem)
         init = "algebraic"
+        say("closed-form start (log-domain identity)" if X is not None else "no closed form here: random starts")
         if X is None:
             init = "random-restarts"
             best = None
@@ -214,6 +223,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
             start_problem = _unwhitened(problem) if square and problem.heads == 1 else problem
             for X0 in _starts(problem, restarts, seed):
                 starts += 1
+                say(f"start {starts} of {restarts}")
                 X0 = _log_phase(start_problem, X0, sym, gtol, None)
                 Xc = levenberg_marquardt(start_problem, X0, History(), 200 if square else 60, gtol)
                 if square:  # Newton on O(X) = B, and stop at the first start that ends on a proved root
@@ -261,12 +271,16 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
             X = levenberg_marquardt(problem, X, history, iters, lm_tol, T_fn=orbit)
             T = orbit(X)
             consts, gn, lam0 = final_constants(problem, X, T)
+            say(f"LM to {'the rounding floor' if lm_tol == 0.0 else f'gtol {lm_tol:.0e}'}: loss {float(problem.loss(X)):.2e}, "
+                f"||grad|| {gn:.2e}, lambda_min {lam0:.2e}; local Newton certificate "
+                + ("holds" if consts is not None else "does not hold"))
             if consts is not None:
                 break
         validation = None
         if consts is not None and validate:
             from proofs_check.region import Region
 
+            say("the checker's validation of the M lemma on the region")
             validation = validate_region(Region.around(problem, X, consts.radius))
             if validation["status"] != "OK":
                 consts = None
@@ -278,6 +292,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
 
             Xp = polish(problem, X)
             root = kantorovich(problem, Xp)
+            say(f"Kantorovich root test: {'an exact root is proved' if root.exists else 'no root proved'}")
             if root.exists:
                 cert = root_certificate(problem, Xp, root, sym, None, iterations=0)
                 return Result(X=Xp, status="certified", certificate=cert, history=history.as_list(), init=init,
@@ -286,9 +301,12 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         slice_reason = ""
         if consts is None and problem.variant == ATTENTION and problem.Gamma.max() == 0:
             # no M needed: polish to a double-double point and enclose the Hessian on a whole box
-            from .certificate import slice_certificate
+            from .certificate import SLICE_CERT_MAX, slice_certificate
 
+            say(f"interval-{'Jacobian' if problem.d * problem.n > SLICE_CERT_MAX else 'Hessian'} certificate "
+                f"(dn = {problem.d * problem.n})")
             cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0)
+            say("certified" if cert is not None else f"refused: {slice_reason}")
             if cert is not None:
                 return Result(X=X, status="certified", certificate=cert, history=history.as_list(), init=init,
                               symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
@@ -302,6 +320,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         if Xb is None:
             break
         X, balanced = Xb, True
+        say("retrying at the orbit's smallest-norm point")
     if consts is None:
         M0 = hessian_lipschitz_on(problem, X, 0.0)  # the lemma's M at radius 0: a lower bound of the M used
         k = 4 * gradient_safety(problem) ** 2  # lambda_min^2 > 4 s^2 M ||grad|| (solver.newton.local_constants)
@@ -323,6 +342,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                       symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
                       balanced=balanced)
 
+    say("certified Newton phase")
     X, iters = certified_newton(problem, X, consts, history, gtol, T=T)
     cert = build_certificate(problem, X, consts, sym, validation, iterations=iters,
                              final=(consts, gn, lam0) if iters == 0 else None)

@@ -29,6 +29,10 @@ def test_recover_writes_x_and_certificate(instance_files, capsys):
     Xr = np.load(tmp / "X.npy")
     assert Xr.shape == X.shape
     assert not list(tmp.glob("*.part"))  # nothing half-written left behind
+    err = capsys.readouterr().err  # progress lines, timed, on stderr
+    assert "closed-form start" in err and "local Newton certificate holds" in err and " s] " in err
+    main(["recover", "--W", str(tmp / "W.npy"), "--B", str(tmp / "B.npy"), "--out", str(tmp / "X.npy"), "--quiet"])
+    assert capsys.readouterr().err == ""
 
 
 def test_recover_output_variant_writes_a_kantorovich_certificate(tmp_path, capsys):
@@ -44,7 +48,8 @@ def test_recover_output_variant_writes_a_kantorovich_certificate(tmp_path, capsy
     cert = json.loads((tmp_path / "c.json").read_text())
     assert cert["status"] == "certified" and cert["kind"] == "kantorovich-root"
     assert cert["fingerprint"] == problem.fingerprint() and cert["error_bound"] < 1e-9
-    assert "Kantorovich" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "Kantorovich" in out.out and "Kantorovich root test: an exact root is proved" in out.err
 
 
 def test_recover_bad_inputs(instance_files, capsys):

@@ -249,8 +249,12 @@ def test_interval_jacobian_refuses_what_would_not_fit(monkeypatch):
 def test_recover_certifies_one_head_above_dn_128_through_the_interval_jacobian():
     """(8, 24), dn = 192: recover's own path (no monkeypatching), the local certificate out of reach."""
     problem, X_true = planted_instance(8, 24, seed=0, heads=1)
-    res = recover(problem, certify=True, validate=False)
+    said = []
+    res = recover(problem, certify=True, validate=False, progress=said.append)
     assert res.status == "certified" and res.certificate.kind == "interval-jacobian"
+    # progress names each stage in order: the local certificate failing, then the interval-Jacobian one
+    assert said[0].startswith("closed-form start") and "local Newton certificate does not hold" in said[1]
+    assert said[-2:] == ["interval-Jacobian certificate (dn = 192)", "certified"], said
     assert distance_to_orbit(problem, res.X, X_true) <= res.certificate.error_bound <= 1e-10
     assert recheck(res.certificate, problem, res.X)["kind"] == "interval-jacobian"
     assert "interval jacobian" in res.certificate.summary()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 HELP = "recover X from attention weights W (.npy) and attention maps B (.npy)"
@@ -17,6 +18,7 @@ def add_arguments(p):
     p.add_argument("--out", required=True, help="where to write X (.npy, written atomically)")
     p.add_argument("--certificate", help="where to write the certificate JSON")
     p.add_argument("--no-certify", action="store_true", help="return an uncertified answer instead of refusing")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def run(args) -> int:
@@ -34,7 +36,14 @@ def run(args) -> int:
     problem = Problem.create(load_array(args.W, "--W"), load_array(args.B, "--B"),
                              u=load_array(args.u, "--u") if args.u else None, gamma=args.reg,
                              W_V=load_array(args.W_V, "--W-V") if args.W_V else None)
-    result = recover(problem, certify=not args.no_certify)
+    if not args.quiet:
+        print(f"d={problem.d} n={problem.n} heads={problem.heads}, {problem.variant}", file=sys.stderr, flush=True)
+
+    def progress(message):
+        if not args.quiet:
+            print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+    result = recover(problem, certify=not args.no_certify, progress=progress)
     atomic_save_npy(args.out, result.X)
     if args.certificate:
         atomic_write_json(args.certificate, result.certificate.as_dict())
