@@ -423,15 +423,20 @@ def sigma_min_sq_lower(A) -> tuple[float, dict]:
     """Rigorous lower bound on ``sigma_min(M)^2`` for every matrix M of the float ball ``A`` (m, k),
     m >= k, without forming ``M^T M`` in a way that squares the rounding.
 
-    ``V`` approximate right singular vectors of the midpoint; ``C = M V`` and ``G = C^T C`` as
-    balls. With ``D = diag(mid G)``: ``G = D^(1/2) (I + E') D^(1/2)``, ``|E'| <= (|G - D| + rad G)
-    / sqrt(D_i D_j)``, so ``lambda_min(G) >= min D (1 - ||E'||_F)``: the rounding of ``G`` counts
-    relative to the columns' own norms, not to ``||M||^2``. Then ``sigma_min(M)^2 >=
-    lambda_min(G) / ||V||_2^2`` with ``||V||_2^2 <= 1 + ||V^T V - I||_F``.
+    ``V`` approximate right singular vectors of the midpoint, ``C = M V`` as a ball ``(Cm, Cr)``,
+    and ``Gm = Cm^T Cm`` in float64 with ``D = diag(Gm)``. Every Gram matrix ``G = C^T C`` of a
+    member is ``D^(1/2) (I + E) D^(1/2)`` with ``|E| <= D^(-1/2) (|Gm - D| + gamma_m |Cm|^T |Cm| +
+    |Cm|^T Cr + Cr^T |Cm| + Cr^T Cr) D^(-1/2)`` entrywise (``gamma_m``: the rounding of ``Gm``),
+    so, with ``c = ||Cm D^(-1/2)||_F`` and ``r = ||Cr D^(-1/2)||_F`` and ``||X^T Y||_F <= ||X||_F
+    ||Y||_F``: ``||E||_F <= ||D^(-1/2) off(Gm) D^(-1/2)||_F + gamma_m c^2 + 2 c r + r^2``, and
+    ``lambda_min(G) >= min D (1 - ||E||_F)``. The rounding counts relative to the columns' own
+    norms, not to ``||M||^2``, and only ``Gm`` is a product (no ball product for G: 5 products of
+    size m k^2 became 1). Then ``sigma_min(M)^2 >= lambda_min(G) / ||V||_2^2`` with ``||V||_2^2 <= 1
+    + ||V^T V - I||_F``.
 
     Any V gives a valid bound; V only decides how tight. It is first taken from ``eigh`` of the
     float Gram matrix of the midpoint (4x faster than its SVD at (4096, 2040)); its columns for
-    singular values near ``sqrt(eps) ||M||`` are inaccurate, which shows as a large ``||E'||``,
+    singular values near ``sqrt(eps) ||M||`` are inaccurate, which shows as a large ``||E||``,
     and then V is recomputed from the SVD (``info["V_from"]`` says which).
     """
     Am = A[0]
@@ -448,20 +453,26 @@ SIGMA_GRAM_EPRIME_MAX = 1e-3  # ||E'||_F above which V from the Gram matrix is r
 
 def _sigma_min_sq_with(A, V) -> tuple[float, dict]:
     """`sigma_min_sq_lower`'s bound for a given (k, k) V."""
-    C = midrad.matmul(A, (V, None))
-    G = midrad.matmul(midrad.transpose(C), C)
-    Gm, Gr = G
+    Cm, Cr = midrad.matmul(A, (V, None))
+    m = Cm.shape[0]
+    Gm = Cm.T @ Cm  # (NumPy calls BLAS syrk here: half a product's flops)
     D = np.diag(Gm).copy()
     info = {"gram_diag_min": float(D.min())}
     if not np.all(D > 0):
         return -math.inf, info
     off = np.abs(Gm)
     np.fill_diagonal(off, 0.0)
-    s_lo = np.sqrt(D) * (1.0 - 4.0 * midrad.U)
-    Ep = midrad.up((off + Gr) / (s_lo[:, None] * s_lo[None, :]), 4)
-    e = midrad.norm_upper((Ep, None))
+    s_lo = np.sqrt(D) * (1.0 - 4.0 * midrad.U)  # <= sqrt(D): sqrt and the product each round by <= u
+    d_lo = s_lo * s_lo * (1.0 - 4.0 * midrad.U)  # <= D
+    e_off = midrad.norm_upper((midrad.up(off / (s_lo[:, None] * s_lo[None, :]), 4), None))
+    c2 = float(midrad.up(np.sum(midrad.up(np.sum(Cm * Cm, axis=0), m + 1) / d_lo), Cm.shape[1] + 4))
+    r2 = float(midrad.up(np.sum(midrad.up(np.sum(Cr * Cr, axis=0), m + 1) / d_lo), Cm.shape[1] + 4))
+    gamma = 1.03 * (m + 1) * midrad.U  # >= gamma_m, as in midrad.matmul
+    e_rad = flint.arb(gamma) * c2 + 2 * (flint.arb(c2) * r2).sqrt() + r2
+    e = float((flint.arb(e_off) + e_rad).upper())
     fV = midrad.orthonormality_defect(V)
-    info.update({"gram_offdiag_rel": e, "V_orth_dev": fV})
+    info.update({"gram_offdiag_rel": e, "gram_offdiag_mid": e_off, "gram_radius_rel": float(e_rad.upper()),
+                 "V_orth_dev": fV})
     if not e < 1:
         return -math.inf, info
     lo = flint.arb(float(D.min())) * (1 - flint.arb(e)) / (1 + flint.arb(fV))
