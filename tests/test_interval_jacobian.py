@@ -271,6 +271,20 @@ def test_one_head_d16_n40_is_certified_and_rechecked(seed):
     assert recheck(res.certificate, problem, res.X)["status"] == "certified"
 
 
+@pytest.mark.slow
+def test_an_ill_conditioned_one_head_d32_instance_certifies_between_the_old_box_scales():
+    """One head (32, 64), seed 102: lambda_min 2.3e-13 on the slice. With boxes at 1e-20 and 1e-16 only,
+    l r fell 3.4x short of ||grad|| on the first and the second was not positive definite: refused.
+    The box at 1e-19 certifies (about 90 s with the recheck)."""
+    problem, X_true = planted_instance(32, 64, seed=102, heads=1)
+    res = recover(problem, certify=False)
+    assert res.status == "certified", res.certificate.reason
+    box = res.certificate.constants["box_radius"] / max(1.0, float(np.abs(res.X).max()))
+    assert 1e-20 < box < 1e-16
+    assert distance_to_orbit(problem, res.X, X_true) <= res.certificate.error_bound <= 1e-10
+    assert recheck(res.certificate, problem, res.X)["status"] == "certified"
+
+
 def test_the_polish_gets_below_a_float64_corrections_floor():
     """One head (16, 32), seed 128: with dX a single float64 array the polished gradient stalled at
     5e-27, above the 1.6e-27 its box allows, and the certificate was refused; dX as a double-double
