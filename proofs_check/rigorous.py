@@ -430,8 +430,8 @@ def sigma_min_sq_lower(A) -> tuple[float, dict]:
     so, with ``c = ||Cm D^(-1/2)||_F`` and ``r = ||Cr D^(-1/2)||_F`` and ``||X^T Y||_F <= ||X||_F
     ||Y||_F``: ``||E||_F <= ||D^(-1/2) off(Gm) D^(-1/2)||_F + gamma_m c^2 + 2 c r + r^2``, and
     ``lambda_min(G) >= min D (1 - ||E||_F)``. The rounding counts relative to the columns' own
-    norms, not to ``||M||^2``, and only ``Gm`` is a product (no ball product for G: 5 products of
-    size m k^2 became 1). Then ``sigma_min(M)^2 >= lambda_min(G) / ||V||_2^2`` with ``||V||_2^2 <= 1
+    norms, not to ``||M||^2``, and only ``Gm`` is formed (one syrk, where a ball product for G
+    took one product for its midpoint and two or three for its radius). Then ``sigma_min(M)^2 >= lambda_min(G) / ||V||_2^2`` with ``||V||_2^2 <= 1
     + ||V^T V - I||_F``.
 
     Any V gives a valid bound; V only decides how tight. It is first taken from ``eigh`` of the
@@ -448,7 +448,7 @@ def sigma_min_sq_lower(A) -> tuple[float, dict]:
     return s2, info
 
 
-SIGMA_GRAM_EPRIME_MAX = 1e-3  # ||E'||_F above which V from the Gram matrix is replaced by the SVD's
+SIGMA_GRAM_EPRIME_MAX = 1e-3  # ||E||_F above which V from the Gram matrix is replaced by the SVD's
 
 
 def _sigma_min_sq_with(A, V) -> tuple[float, dict]:
