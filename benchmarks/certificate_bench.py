@@ -26,6 +26,7 @@ import numpy as np
 from proofs_check.rigorous import _sigma_min_sq_with, jacobian_slice_bounds, jacobian_slice_enclosure, slice_bounds
 from solver.certificate import slice_basis
 from solver.io import atomic_write_json
+from solver.newton import _orthonormal
 from solver.problem import planted_instance
 from solver.recover import recover
 from solver.symmetry import symmetries
@@ -89,8 +90,6 @@ def linear_algebra(sizes: str, seeds: list[int]) -> list[dict]:
             problem, _ = planted_instance(d, n, heads=1, seed=seed)
             X = np.asarray(recover(problem, certify=False, validate=False).X)
             sym = symmetries(problem)
-            from solver.newton import _orthonormal
-
             T = _orthonormal(sym.orbit_tangent(X))
             dn, k = d * n, T.shape[1]
             P_svd, t_bsvd = _timed(lambda: np.linalg.svd(np.eye(dn) - T @ T.T)[0][:, : dn - k])

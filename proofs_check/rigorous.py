@@ -465,8 +465,11 @@ def _sigma_min_sq_with(A, V) -> tuple[float, dict]:
     s_lo = np.sqrt(D) * (1.0 - 4.0 * midrad.U)  # <= sqrt(D): sqrt and the product each round by <= u
     d_lo = s_lo * s_lo * (1.0 - 4.0 * midrad.U)  # <= D
     e_off = midrad.norm_upper((midrad.up(off / (s_lo[:, None] * s_lo[None, :]), 4), None))
-    c2 = float(midrad.up(np.sum(midrad.up(np.sum(Cm * Cm, axis=0), m + 1) / d_lo), Cm.shape[1] + 4))
-    r2 = float(midrad.up(np.sum(midrad.up(np.sum(Cr * Cr, axis=0), m + 1) / d_lo), Cm.shape[1] + 4))
+
+    def scaled_sq_norm(M):  # upper bound on ||M D^(-1/2)||_F^2
+        return float(midrad.up(np.sum(midrad.up(np.sum(M * M, axis=0), m + 1) / d_lo), M.shape[1] + 4))
+
+    c2, r2 = scaled_sq_norm(Cm), scaled_sq_norm(Cr)
     gamma = 1.03 * (m + 1) * midrad.U  # >= gamma_m, as in midrad.matmul
     e_rad = flint.arb(gamma) * c2 + 2 * (flint.arb(c2) * r2).sqrt() + r2
     e = float((flint.arb(e_off) + e_rad).upper())
