@@ -22,7 +22,8 @@ Three kinds leave every logit matrix's softmax (hence B) unchanged:
 
 Above d = LIE_DENSE_MAX_D the dense ``(H d^2, d^2)`` system for g is not built: heads whose
 ranks split d (``W_h = W_q^T P_h W_k``, a BERT layer) go through :func:`factored_algebra`, two
-generic invertible heads through the commutant of ``W_1^{-1} W_2``.
+generic invertible heads through the commutant of ``W_1^{-1} W_2``. Above d = LIE_COMMUTANT_MIN_D
+two or more heads take the commutant too where it applies (the dense system where it does not).
 
 ``symmetry_dimension`` is ``dim g + dim(translations)``: the dimension of the
 orbit of a generic X, i.e. the number of directions the unregularised Hessian
@@ -127,6 +128,13 @@ def symmetries(problem: Problem, rtol: float = 1e-10, factors: tuple | None = No
         if found is not None:
             return _with_translations_and_reflection(problem, W, factored_algebra(problem, *found, rtol), rtol)
         return _symmetries_large(problem, W, rtol)
+    if d > LIE_COMMUTANT_MIN_D and problem.heads >= 2:
+        from .errors import MemoryBudgetError
+
+        try:
+            return _symmetries_large(problem, W, rtol)
+        except MemoryBudgetError:
+            pass  # the commutant reduction does not apply; the dense system below still fits
     rows = []
     eye = np.eye(d)
     for Wh in W:
@@ -156,6 +164,9 @@ def symmetries(problem: Problem, rtol: float = 1e-10, factors: tuple | None = No
 
 
 LIE_DENSE_MAX_D = 64  # above this d, the stabiliser algebra comes from the commutant (two or more heads)
+# above this d, two or more heads try the commutant first: the dense system's SVD (2048 x 4096 after
+# QR, and again for the translations) took 80 s of a 160 s recover at (64, 256), and recheck repeats it
+LIE_COMMUTANT_MIN_D = 32
 
 
 def _symmetries_large(problem: Problem, W: np.ndarray, rtol: float) -> Symmetry:

@@ -219,3 +219,45 @@ def test_commutant_stabiliser_matches_dense():
     W = np.stack([Wa.T @ Wa, Wa.T @ np.diag(np.r_[np.ones(4), 2 * np.ones(4)]) @ Wa])
     with pytest.raises(MemoryBudgetError, match="d = 8"):
         _symmetries_large(Problem.create(W, B), W, 1e-10)
+
+
+def test_symmetries_take_the_commutant_above_d32_and_fall_back_to_the_dense_system(monkeypatch):
+    """Above LIE_COMMUTANT_MIN_D two heads go through the commutant (0.1 s at d = 64, where the dense
+    system took 80 s); same algebra as the dense system, and where the reduction does not apply
+    (repeated eigenvalues of W_1^{-1} W_2) the dense system is used, not refused."""
+    import scipy.linalg
+
+    import solver.symmetry as symmetry_module
+    from solver import Problem
+    from solver.symmetry import symmetries
+
+    rng = np.random.default_rng(4)
+    d = 34
+    O = scipy.linalg.qr(rng.normal(size=(d, d)))[0]
+
+    def rotations_invariant(ab):
+        M = np.zeros((d, d))
+        for k, (a, b) in enumerate(ab):
+            M[2 * k:2 * k + 2, 2 * k:2 * k + 2] = [[a, b], [-b, a]]
+        return O.T @ M @ O
+
+    B = np.full((2, 5, 5), 0.2)
+    Wa = rng.normal(size=(d, d))
+    repeated = np.stack([Wa.T @ Wa, Wa.T @ np.diag(np.r_[np.ones(d // 2), 2 * np.ones(d // 2)]) @ Wa])
+    for W in (np.stack([rotations_invariant(rng.normal(size=(d // 2, 2))) for _ in range(2)]),
+              rng.normal(size=(2, d, d)), repeated):
+        p = Problem.create(W, B)
+        calls = []
+        real_large = symmetry_module._symmetries_large
+        monkeypatch.setattr(symmetry_module, "_symmetries_large", lambda *a: calls.append(1) or real_large(*a))
+        fast = symmetries(p)
+        monkeypatch.setattr(symmetry_module, "LIE_COMMUTANT_MIN_D", d)
+        dense = symmetries(p)
+        monkeypatch.undo()
+        assert calls == [1]  # the commutant was tried (and, for `repeated`, refused)
+        assert fast.dimension == dense.dimension and fast.sign_flip == dense.sign_flip
+        k = dense.lie_algebra.shape[0]
+        if k:
+            A, Bl = dense.lie_algebra.reshape(k, -1).T, fast.lie_algebra.reshape(k, -1).T
+            np.testing.assert_allclose(np.linalg.svd(A.T @ Bl)[1], np.ones(k), atol=1e-8)
+    assert symmetries(Problem.create(repeated, B)).dimension >= 1  # the stabiliser of the repeated pair
