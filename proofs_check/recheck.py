@@ -1,8 +1,11 @@
 """``recheck(certificate, problem, X)``: recompute a certificate independently.
 
 Independent of the solver's code path: the gradient and Hessian come from
-``jax.grad`` / ``jax.hessian`` of the plain transcription in
-:mod:`proofs_check.reference` (not the generated kernels), the
+``jax.grad`` and forward-over-reverse ``jax.jvp`` (by blocks of unit vectors) of the plain
+transcription in :mod:`proofs_check.reference` (not the generated kernels); a local-Newton
+certificate's lambda_min from every eigenvalue up to dn = ``RECHECK_EIGH_MAX``, above it from one
+shifted Cholesky factorisation that proves the claimed lower bound
+(:func:`proofs_check.rigorous.lambda_min_at_least`); the
 Hessian-Lipschitz constant from the SymPy expression of the lemma
 (``lambdify``, not the generated evaluator), and the radius inequality is
 solved afresh. A ``kantorovich-root`` certificate is recomputed from the Jacobian of the
@@ -69,31 +72,48 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
     _require_dense_hessian_memory(problem, d * n)
     loss, args = _loss_and_args(problem)
     g = np.asarray(jax.grad(loss)(X, *args)).reshape(-1)
-    Hm = np.asarray(jax.hessian(loss)(X, *args)).reshape(d * n, d * n)
-    Hm = (Hm + Hm.T) / 2
+    Hm = _reference_hessian(loss, X, args)
     T = sym.orbit_tangent(X)
     if T.shape[1]:
         Qc = np.linalg.qr(T, mode="complete")[0]
         Q, comp = Qc[:, : T.shape[1]], Qc[:, T.shape[1]:]
         g = g - Q @ (Q.T @ g)
         Hm = comp.T @ Hm @ comp
-    ev = np.linalg.eigvalsh(Hm)
     eps = np.finfo(np.float64).eps
-    margin = 10 * d * n * eps * float(np.max(np.abs(ev)))
     gn = float(np.linalg.norm(g))
-    lam = float(ev[0]) - margin
+    # the certificate claims lambda_min >= lambda_min - margin (its margin is the Ritz residual on the
+    # matrix-free path, where the Ritz value agrees with eigh only to about 1e-5): refuse a claimed
+    # lower bound above what the dense eigenvalues give, not a difference in the last digits
+    claim = cert.constants["lambda_min"] - cert.constants.get("margin", 0.0)
+    if Hm.shape[0] <= RECHECK_EIGH_MAX:
+        ev = np.linalg.eigvalsh(Hm)
+        margin = 10 * d * n * eps * float(np.max(np.abs(ev)))  # eigvalsh's backward error, generous
+        lam_min = float(ev[0])
+        lam = lam_min - margin
+        if claim > lam_min + margin:
+            raise CertificateMismatchError(
+                f"lambda_min: the certificate's lower bound {claim:.6e} exceeds the recomputed {lam_min:.6e}")
+    else:
+        # eigvalsh would take tens of minutes at dn = 16384: one Cholesky of H - t I proves lambda_min >=
+        # t - c (rigorous for this float64 Hessian), with t chosen so that this is at least the claim plus
+        # the same eigvalsh-sized margin (||H||_2 bounded by the largest absolute row sum): recheck then
+        # works with the claim itself, and refuses a claim it cannot prove
+        from .rigorous import lambda_min_at_least, shift_to_prove
+
+        margin = 10 * d * n * eps * float(np.max(np.sum(np.abs(Hm), axis=1)))
+        t = shift_to_prove(Hm, claim + margin)
+        lam_min = lambda_min_at_least(Hm, t) if math.isfinite(t) else None
+        if lam_min is None or not lam_min - margin >= claim:
+            raise CertificateMismatchError(
+                f"lambda_min: the certificate's lower bound {claim:.6e} is not proved on recomputation "
+                f"(the Cholesky factorisation of H - {t:.6e} I breaks down)")
+        lam = lam_min - margin
+    del Hm
     r = float(cert.radius)
     region = Region.around(problem, X, r)
     name = "hessian_lipschitz" if problem.variant == ATTENTION else "hessian_lipschitz_output"
     M = _lemma_value(name, region)
     m = lam - M * r
-    # the certificate claims lambda_min >= lambda_min - margin (its margin is the Ritz residual on the
-    # matrix-free path, where the Ritz value agrees with eigh only to about 1e-5): refuse a claimed
-    # lower bound above what the dense eigenvalues give, not a difference in the last digits
-    claim = cert.constants["lambda_min"] - cert.constants.get("margin", 0.0)
-    if claim > float(ev[0]) + margin:
-        raise CertificateMismatchError(
-            f"lambda_min: the certificate's lower bound {claim:.6e} exceeds the recomputed {float(ev[0]):.6e}")
     checks = {
         "M": (M, cert.constants["M"]),
         "grad_norm": (gn, cert.grad_norm),
@@ -115,7 +135,7 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
                 f"radius inequality fails on recomputation: m = {m:.3e}, r = {r:.3e}, ||grad|| (ball bound) = {g_up:.3e}")
         if cert.error_bound < g_up / m * (1 - 1e-6):
             raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {g_up / m:.3e}")
-        return {"status": "certified", "lambda_min": float(ev[0]), "M": M, "m": m, "radius": r, "grad_norm": g_up,
+        return {"status": "certified", "lambda_min": lam_min, "M": M, "m": m, "radius": r, "grad_norm": g_up,
                 "error_bound": g_up / m, "gradient": "arb"}
     g_safe = max(gn, cert.grad_norm)
     if not (m > 0 and r >= 2 * g_safe / m):
@@ -124,25 +144,58 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
     bound = g_safe / m  # the certificate claims 2 ||grad|| / m, so this holds when evaluations agree to 2x
     if cert.error_bound < bound * (1 - 1e-6):
         raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {bound:.3e}")
-    return {"status": "certified", "lambda_min": float(ev[0]), "M": M, "m": m, "radius": r, "grad_norm": gn,
+    return {"status": "certified", "lambda_min": lam_min, "M": M, "m": m, "radius": r, "grad_norm": gn,
             "error_bound": bound}
 
 
-def _require_dense_hessian_memory(problem: Problem, dn: int) -> None:
-    """Refuse, before allocating, a dense ``jax.hessian`` that would not fit in memory.
+RECHECK_EIGH_MAX = 4096  # dn up to which recheck takes every eigenvalue; above, one shifted Cholesky
+HESSIAN_BLOCK = 128  # directions per batched reference HVP when recheck forms the dense Hessian
 
-    Estimate: the (dn)^2 Hessian, plus ``jax.hessian``'s batched intermediates (about four
-    (dn, H n^2) and four (dn, dn) float64 arrays). At (64, 256), two heads, that is 79 GB: the
-    process was killed by the kernel at 23 GB; (64, 128) (11 GB estimated) rechecked.
+
+def _reference_hessian(loss, X: np.ndarray, args) -> np.ndarray:
+    """The dense Hessian of the reference loss at X, symmetrised, ``HESSIAN_BLOCK`` columns at a time
+    (forward-over-reverse HVPs of :mod:`proofs_check.reference`, on unit vectors). ``jax.hessian``
+    batched all dn directions at once: about 79 GB at (64, 256), two heads, where the process was
+    killed at 23 GB; by blocks the peak is the (dn)^2 result plus one block's intermediates."""
+    import jax.numpy as jnp
+
+    d, n = X.shape
+    dn = d * n
+    b = min(HESSIAN_BLOCK, dn)
+    grad = jax.grad(loss)
+
+    @jax.jit
+    def columns(Z, V, *a):
+        return jax.vmap(lambda v: jax.jvp(lambda Y: grad(Y, *a), (Z,), (v,))[1])(V)
+
+    Xj = jnp.asarray(X, jnp.float64)
+    aj = tuple(jnp.asarray(a, jnp.float64) for a in args)
+    H = np.empty((dn, dn))
+    for s in range(0, dn, b):
+        e = min(s + b, dn)
+        V = np.zeros((b, dn))
+        V[np.arange(e - s), np.arange(s, e)] = 1.0  # the last block padded with zeros: one compilation
+        H[s:e] = np.asarray(columns(Xj, jnp.asarray(V.reshape(b, d, n)), *aj)).reshape(b, dn)[: e - s]
+    H += H.T  # rows are H e_i; symmetrise (numpy buffers the overlapping transpose)
+    H *= 0.5
+    return H
+
+
+def _require_dense_hessian_memory(problem: Problem, dn: int) -> None:
+    """Refuse, before allocating, a dense Hessian that would not fit in memory.
+
+    Estimate: the (dn)^2 Hessian, its symmetrisation's buffer and one factorisation's copy, plus one
+    block's intermediates (about four (HESSIAN_BLOCK, H n^2) float64 arrays). At (64, 256), two heads,
+    that is 6.5 GiB.
     """
     from solver.errors import MemoryBudgetError
     from solver.memory import GIB, available_bytes
 
-    need = 8 * dn * (5 * dn + 4 * problem.heads * problem.n**2)
+    need = 8 * (3 * dn * dn + 4 * min(HESSIAN_BLOCK, dn) * problem.heads * problem.n**2)
     budget = int(0.75 * available_bytes())
     if need > budget:
         raise MemoryBudgetError(
-            f"recheck forms the dense Hessian with jax.hessian: about {need / GIB:.1f} GiB at dn = {dn}, over the "
+            f"recheck forms the dense Hessian: about {need / GIB:.1f} GiB at dn = {dn}, over the "
             f"{budget / GIB:.1f} GiB available; nothing was allocated")
 
 

@@ -1,0 +1,151 @@
+"""The local-Newton recheck at scale: the dense reference Hessian by blocks and, above
+``RECHECK_EIGH_MAX``, the certificate's lambda_min proved by one shifted Cholesky factorisation
+(checked here against exact eigenvalues at small size)."""
+
+import json
+import math
+
+import jax
+import mpmath
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import proofs_check.recheck as recheck_module
+from proofs_check import reference as ref
+from proofs_check.recheck import recheck
+from proofs_check.rigorous import lambda_min_at_least, shift_to_prove
+from solver import CertificateMismatchError, planted_instance
+from solver.recover import recover
+
+
+def _exact_lambda_min(A: np.ndarray) -> float:
+    """lambda_min of the float64 matrix A (its entries taken exactly), in mpmath at 50 digits."""
+    with mpmath.workdps(50):
+        ev = mpmath.eigsy(mpmath.matrix(A.tolist()), eigvals_only=True)
+        return float(min(ev))
+
+
+def _symmetric_with_spectrum(rng, eigenvalues) -> np.ndarray:
+    N = len(eigenvalues)
+    Q = np.linalg.qr(rng.normal(size=(N, N)))[0]
+    A = (Q * np.asarray(eigenvalues)) @ Q.T
+    return (A + A.T) / 2  # exactly symmetric; its eigenvalues are near, not at, the ones asked for
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), N=st.integers(1, 12), decades=st.integers(0, 12),
+       fraction=st.floats(-2.0, 1.5))
+def test_shifted_cholesky_bound_never_exceeds_the_exact_lambda_min(seed, N, decades, fraction):
+    """Whatever the shift, a returned bound is at most the exact lambda_min (mpmath, 50 digits),
+    and a shift above lambda_min (by more than the rounding term) is refused, not bounded."""
+    rng = np.random.default_rng(seed)
+    A = _symmetric_with_spectrum(rng, np.logspace(-decades, 1, N) * rng.choice([-1.0, 1.0], p=[0.2, 0.8]))
+    exact = _exact_lambda_min(A)
+    t = fraction * abs(exact)
+    bound = lambda_min_at_least(A, t)
+    if bound is not None:
+        assert bound <= exact
+        assert bound <= t
+    slack = 4 * (N + 2) * np.finfo(float).eps * float(np.abs(np.diag(A)).sum() + N * abs(t)) + 1e-300
+    if t > exact + slack:
+        assert bound is None
+
+
+def test_shifted_cholesky_bound_covers_a_factorisation_that_succeeds_by_rounding():
+    """Rank-deficient G G^T in float64: Cholesky often completes although the exact lambda_min of the
+    stored matrix is negative (about -1e-16). Only the rounding term keeps the bound below it."""
+    fooled = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        N = int(rng.integers(3, 9))
+        G = rng.normal(size=(N, N - 1))
+        A = G @ G.T
+        A = (A + A.T) / 2
+        exact = _exact_lambda_min(A)
+        bound = lambda_min_at_least(A, 0.0)
+        if bound is not None:
+            assert bound <= exact
+            fooled += exact < 0
+    assert fooled >= 3  # the case this test is for did occur
+
+
+def test_shifted_cholesky_bound_is_tight_for_a_well_scaled_matrix():
+    rng = np.random.default_rng(3)
+    A = _symmetric_with_spectrum(rng, np.logspace(-6, 0, 200))
+    exact = _exact_lambda_min(A) if A.shape[0] <= 12 else float(np.linalg.eigvalsh(A)[0])
+    bound = lambda_min_at_least(A, 0.999 * exact)
+    # the rounding term is about N u tr(A) = 200 * 1.1e-16 * 30: far below lambda_min = 1e-6
+    assert bound is not None and 0.999 * exact - 1e-11 <= bound <= 0.999 * exact
+    assert lambda_min_at_least(A, 1.001 * exact) is None
+
+
+def test_shifted_cholesky_bound_refuses_bad_input():
+    assert lambda_min_at_least(np.array([[1.0, np.nan], [np.nan, 1.0]]), 0.0) is None
+    assert lambda_min_at_least(np.eye(2), math.inf) is None
+    with pytest.raises(ValueError, match="square"):
+        lambda_min_at_least(np.ones((2, 3)), 0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), N=st.integers(1, 12), decades=st.integers(0, 10), fraction=st.floats(0.0, 0.99))
+def test_the_shift_to_prove_a_target_proves_it(seed, N, decades, fraction):
+    """At ``shift_to_prove(A, target)`` a completed factorisation proves lambda_min >= target (and the
+    exact lambda_min is indeed above the bound); for a target well below lambda_min it completes."""
+    rng = np.random.default_rng(seed)
+    A = _symmetric_with_spectrum(rng, np.logspace(-decades, 1, N))
+    exact = _exact_lambda_min(A)
+    target = fraction * exact
+    t = shift_to_prove(A, target)
+    bound = lambda_min_at_least(A, t)
+    if bound is not None:
+        assert target <= bound <= exact
+    if exact - t > 4 * (N + 2) * np.finfo(float).eps * float(np.trace(A)):
+        assert bound is not None
+
+
+def test_blocked_reference_hessian_equals_jax_hessian(monkeypatch):
+    problem, X = planted_instance(4, 8, 2, seed=5)
+    X = X + 0.01 * np.random.default_rng(0).normal(size=X.shape)  # off the minimiser: a full Hessian
+    loss, args = recheck_module._loss_and_args(problem)
+    monkeypatch.setattr(recheck_module, "HESSIAN_BLOCK", 5)  # 32 = 6 blocks of 5 and a padded one
+    H = recheck_module._reference_hessian(loss, X, args)
+    full = np.asarray(jax.hessian(ref.attention_loss)(X, *args)).reshape(32, 32)
+    assert np.allclose(H, (full + full.T) / 2, rtol=0, atol=1e-13 * np.abs(full).max())
+    assert np.array_equal(H, H.T)
+
+
+@pytest.fixture(scope="module")
+def matrix_free_certificate():
+    """A certificate issued as at dn = 16384: lambda_min by Lanczos, with its Ritz residual as margin
+    (forced at (4, 8)). An eigh-based claim sits within eigh's rounding of lambda_min, closer than the
+    Cholesky proof's rounding term: that claim is rechecked by eigenvalues, which dn <= 4096 allows."""
+    import solver.newton
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(solver.newton, "DENSE_MAX", 0)
+    try:
+        problem, _ = planted_instance(4, 8, 2, seed=1)
+        res = recover(problem, validate=False, max_iter=60)
+    finally:
+        mp.undo()
+    assert res.status == "certified" and res.certificate.kind == "local-newton"
+    assert res.certificate.constants["margin"] > 0
+    return problem, res
+
+
+def test_recheck_proves_lambda_min_by_cholesky_above_the_eigh_size(matrix_free_certificate, monkeypatch):
+    """The path taken at dn = 16384 (two heads, (64, 256)), forced at (4, 8): it accepts the true
+    certificate, and rejects a lambda_min raised above the true one."""
+    problem, res = matrix_free_certificate
+    by_eigh = recheck(res.certificate, problem, res.X)
+    monkeypatch.setattr(recheck_module, "RECHECK_EIGH_MAX", 0)
+    by_cholesky = recheck(res.certificate, problem, res.X)
+    assert by_cholesky["status"] == "certified"
+    claim = res.certificate.constants["lambda_min"] - res.certificate.constants["margin"]
+    assert claim <= by_cholesky["lambda_min"] <= by_eigh["lambda_min"]  # the claim proved, below the eigenvalue
+    forged = json.loads(json.dumps(res.certificate.as_dict()))
+    forged["constants"]["lambda_min"] = 1.5 * by_eigh["lambda_min"] + forged["constants"]["margin"]
+    with pytest.raises(CertificateMismatchError, match="lambda_min.*not proved"):
+        recheck(forged, problem, res.X)
