@@ -164,8 +164,8 @@ def symmetries(problem: Problem, rtol: float = 1e-10, factors: tuple | None = No
 
 
 LIE_DENSE_MAX_D = 64  # above this d, the stabiliser algebra comes from the commutant (two or more heads)
-# above this d, two or more heads try the commutant first: the dense system's SVD (2048 x 4096 after
-# QR, and again for the translations) took 80 s of a 160 s recover at (64, 256), and recheck repeats it
+# above this d, two or more heads try the commutant first: the dense system's QR and SVDs (8192 x 4096
+# at d = 64, two heads) took 80 s of a 162 s recover at (64, 256), and recheck repeats them
 LIE_COMMUTANT_MIN_D = 32
 
 
