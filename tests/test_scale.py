@@ -261,3 +261,19 @@ def test_symmetries_take_the_commutant_above_d32_and_fall_back_to_the_dense_syst
             A, Bl = dense.lie_algebra.reshape(k, -1).T, fast.lie_algebra.reshape(k, -1).T
             np.testing.assert_allclose(np.linalg.svd(A.T @ Bl)[1], np.ones(k), atol=1e-8)
     assert symmetries(Problem.create(repeated, B)).dimension >= 1  # the stabiliser of the repeated pair
+
+
+def test_lanczos_converges_where_300_steps_did_not_and_keeps_to_its_memory_cap(monkeypatch):
+    """A spectrum like that of two heads (64, 128), seed 7 (lambda_min 3.7e-5 against lambda_max
+    0.7, refused with 300 steps): one eigenvalue 3e-5 below a dense band from 6e-5 to 1. The
+    default converges it (380 steps here); the Krylov basis stays within LANCZOS_MAX_BYTES."""
+    import solver.newton as newton
+
+    dim = 4000
+    ev = np.r_[3e-5, np.linspace(6e-5, 1.0, dim - 1)]
+    v0 = np.random.default_rng(0).normal(size=dim)
+    theta, residual, steps = newton.lanczos_smallest(lambda v: ev * v, v0)
+    assert steps > 300
+    assert residual <= 1e-2 * theta and abs(theta - 3e-5) <= residual
+    monkeypatch.setattr(newton, "LANCZOS_MAX_BYTES", 8 * dim * 50)
+    assert newton.lanczos_smallest(lambda v: ev * v, v0)[2] == 50
