@@ -81,11 +81,11 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         Hm = comp.T @ Hm @ comp
     eps = np.finfo(np.float64).eps
     gn = float(np.linalg.norm(g))
-    # the certificate claims lambda_min >= lambda_min - margin (its margin is the Ritz residual on the
-    # matrix-free path, where the Ritz value agrees with eigh only to about 1e-5): refuse a claimed
-    # lower bound above what the dense eigenvalues give, not a difference in the last digits
-    claim = cert.constants["lambda_min"] - cert.constants.get("margin", 0.0)
+    claim = cert.constants["lambda_min"] - cert.constants.get("margin", 0.0)  # the claimed lower bound
     if Hm.shape[0] <= RECHECK_EIGH_MAX:
+        # (the issuer's margin is the Ritz residual on the matrix-free path, where the Ritz value agrees
+        # with eigh only to about 1e-5): refuse a claimed lower bound above what the dense eigenvalues
+        # give, not a difference in the last digits
         ev = np.linalg.eigvalsh(Hm)
         margin = 10 * d * n * eps * float(np.max(np.abs(ev)))  # eigvalsh's backward error, generous
         lam_min = float(ev[0])
@@ -162,11 +162,9 @@ def _reference_hessian(loss, X: np.ndarray, args) -> np.ndarray:
     d, n = X.shape
     dn = d * n
     b = min(HESSIAN_BLOCK, dn)
-    grad = jax.grad(loss)
-
     @jax.jit
     def columns(Z, V, *a):
-        return jax.vmap(lambda v: jax.jvp(lambda Y: grad(Y, *a), (Z,), (v,))[1])(V)
+        return jax.vmap(lambda v: ref.hvp(loss, Z, v, *a))(V)
 
     Xj = jnp.asarray(X, jnp.float64)
     aj = tuple(jnp.asarray(a, jnp.float64) for a in args)

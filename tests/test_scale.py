@@ -187,6 +187,15 @@ def test_matrix_free_eigenvalues_and_newton_match_dense(monkeypatch, d, n):
     assert np.linalg.norm(H @ s.reshape(-1) + g.reshape(-1)) <= 1e-8 * np.linalg.norm(g)
 
 
+def _rotations_invariant(O, ab):
+    """W = O^T blockdiag(a_k I + b_k J) O: every rotation in the k-th 2-plane (conjugated by O) fixes it."""
+    d = O.shape[0]
+    M = np.zeros((d, d))
+    for k, (a, b) in enumerate(ab):
+        M[2 * k:2 * k + 2, 2 * k:2 * k + 2] = [[a, b], [-b, a]]
+    return O.T @ M @ O
+
+
 def test_commutant_stabiliser_matches_dense():
     import scipy.linalg
 
@@ -196,15 +205,8 @@ def test_commutant_stabiliser_matches_dense():
     rng = np.random.default_rng(3)
     d = 8
     O = scipy.linalg.qr(rng.normal(size=(d, d)))[0]
-
-    def rotations_invariant(ab):  # W = O^T blockdiag(a I + b J) O: the 2-plane rotations fix it
-        M = np.zeros((d, d))
-        for k, (a, b) in enumerate(ab):
-            M[2 * k:2 * k + 2, 2 * k:2 * k + 2] = [[a, b], [-b, a]]
-        return O.T @ M @ O
-
     B = np.full((2, 5, 5), 0.2)
-    for W in (np.stack([rotations_invariant(rng.normal(size=(4, 2))) for _ in range(2)]),
+    for W in (np.stack([_rotations_invariant(O, rng.normal(size=(4, 2))) for _ in range(2)]),
               rng.normal(size=(2, d, d))):
         p = Problem.create(W, B)
         dense, large = symmetries(p), _symmetries_large(p, np.asarray(p.W), 1e-10)
@@ -234,17 +236,10 @@ def test_symmetries_take_the_commutant_above_d32_and_fall_back_to_the_dense_syst
     rng = np.random.default_rng(4)
     d = 34
     O = scipy.linalg.qr(rng.normal(size=(d, d)))[0]
-
-    def rotations_invariant(ab):
-        M = np.zeros((d, d))
-        for k, (a, b) in enumerate(ab):
-            M[2 * k:2 * k + 2, 2 * k:2 * k + 2] = [[a, b], [-b, a]]
-        return O.T @ M @ O
-
     B = np.full((2, 5, 5), 0.2)
     Wa = rng.normal(size=(d, d))
     repeated = np.stack([Wa.T @ Wa, Wa.T @ np.diag(np.r_[np.ones(d // 2), 2 * np.ones(d // 2)]) @ Wa])
-    for W in (np.stack([rotations_invariant(rng.normal(size=(d // 2, 2))) for _ in range(2)]),
+    for W in (np.stack([_rotations_invariant(O, rng.normal(size=(d // 2, 2))) for _ in range(2)]),
               rng.normal(size=(2, d, d)), repeated):
         p = Problem.create(W, B)
         calls = []
