@@ -10,7 +10,8 @@ Hessian-Lipschitz constant from the SymPy expression of the lemma
 (``lambdify``, not the generated evaluator), and the radius inequality is
 solved afresh. A ``kantorovich-root`` certificate is recomputed from the Jacobian of the
 reference transcription (``jax.jacfwd``), the residual in mpmath at 30 digits (not the
-solver's extended-precision one) and the SymPy constant of ``output_map_curvature``. An
+solver's extended-precision one; at 60 digits at a double-double centre ``X + dX``, not the
+solver's ball arithmetic) and the SymPy constant of ``output_map_curvature``. An
 ``interval-hessian`` certificate is recomputed in ball arithmetic on this recheck's own slice
 basis, after the ball Hessian's midpoints and the ball gradient are compared with ``jax.hessian``
 and ``jax.grad`` of the reference transcription at X; an ``interval-jacobian`` one likewise, its
@@ -197,13 +198,17 @@ def _require_dense_hessian_memory(problem: Problem, dn: int) -> None:
             f"{budget / GIB:.1f} GiB available; nothing was allocated")
 
 
-def _residual_mp(problem: Problem, X, digits: int = 30) -> float:
-    """||O(X) - B||_F in mpmath (numpy object arrays of mpf), all heads."""
+def _residual_mp(problem: Problem, X, digits: int = 30, dX=None) -> float:
+    """||O(X + dX) - B||_F in mpmath (numpy object arrays of mpf), all heads; ``dX`` None or float64
+    corrections (m, d, n), summed with X in mpmath (at `digits`, so the centre moves by at most
+    10^-digits relative: far below the allowance the caller adds)."""
     import mpmath
 
     with mpmath.workdps(digits):
         mp = np.vectorize(mpmath.mpf, otypes=[object])
         Xm = mp(X)
+        for c in ([] if dX is None else np.asarray(dX, np.float64).reshape(-1, *np.shape(X))):
+            Xm = Xm + mp(c)
         total = mpmath.mpf(0)
         for h in range(problem.heads):
             S = Xm.T.dot(mp(problem.W[h])).dot(Xm) + mp(problem.U[h]).dot(Xm)[None, :]
@@ -224,17 +229,27 @@ def _recheck_root(cert: Certificate, problem: Problem, X: np.ndarray, rtol: floa
         raise CertificateMismatchError(f"a Kantorovich root certificate needs a square system; this one is {J.shape}")
     s = np.linalg.svd(J, compute_uv=False)
     eps = np.finfo(np.float64).eps
-    sig = float(s[-1]) - (n + 8 * d + 32) * eps * float(np.linalg.norm(J))
-    rn = _residual_mp(problem, X)
     c = cert.constants
     if abs(float(s[-1]) - c["sigma_min"]) > rtol * max(float(s[-1]), c["sigma_min"]):
         raise CertificateMismatchError(f"sigma_min: recomputed {float(s[-1]):.6e}, certificate says {c['sigma_min']:.6e}")
-    if not sig > 0:
-        raise CertificateMismatchError(f"the Jacobian is not provably invertible on recomputation (s_min {s[-1]:.3e})")
-    beta = 1.0 / sig
-    eta = beta * (rn + 1e-25 * (1.0 + float(np.linalg.norm(problem.B))))
     rho = float(c["rho"])
-    K = _lemma_value("output_map_curvature", Region.around(problem, X, rho))
+    dX, cn = None, 0.0
+    if c.get("dX") is not None:  # a double-double centre X + dX: the Jacobian there is within K ||dX|| of J
+        dX = np.asarray(c["dX"], np.float64)
+        if dX.size != d * n or not np.all(np.isfinite(dX)):
+            raise CertificateMismatchError(f"the centre's correction dX has {dX.size} entries (or non-finite ones); X has {d * n}")
+        dX = dX.reshape(1, d, n)
+        cn = float(np.linalg.norm(dX)) * (1 + 4 * eps)
+        rn = _residual_mp(problem, X, 60, dX) + 1e-55 * (1.0 + float(np.linalg.norm(problem.B)))
+    else:
+        rn = _residual_mp(problem, X) + 1e-25 * (1.0 + float(np.linalg.norm(problem.B)))
+    K = _lemma_value("output_map_curvature", Region.around(problem, X, rho + cn))
+    sig = float(s[-1]) - (n + 8 * d + 32) * eps * float(np.linalg.norm(J)) - K * cn
+    if not sig > 0:
+        raise CertificateMismatchError(f"the Jacobian is not provably invertible on recomputation (s_min {s[-1]:.3e}"
+                                       + (f", less K ||dX|| = {K * cn:.3e})" if cn else ")"))
+    beta = 1.0 / sig
+    eta = beta * rn
     h = beta * K * eta
     if not h <= 0.5:
         raise CertificateMismatchError(f"Kantorovich's condition fails on recomputation: h = {h:.3e} > 1/2")
@@ -242,12 +257,17 @@ def _recheck_root(cert: Certificate, problem: Problem, X: np.ndarray, rtol: floa
     t1, t2 = (1.0 - root) / (beta * K), (1.0 + root) / (beta * K)
     if not t1 <= rho:
         raise CertificateMismatchError(f"the root radius {t1:.3e} leaves the region of radius {rho:.3e}")
-    if cert.error_bound < t1 * (1 - 1e-6):
-        raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {t1:.3e}")
-    if cert.radius > min(rho, t2) * (1 + 1e-6):
-        raise CertificateMismatchError(f"uniqueness radius {cert.radius:.3e} exceeds the recomputed {min(rho, t2):.3e}")
+    # the radii of a double-double centre, moved to X by ||dX||
+    err, uniq = t1 + cn, min(rho, t2) - cn
+    if not uniq > 0:
+        raise CertificateMismatchError(f"the uniqueness ball around the centre (radius {min(rho, t2):.3e}) does not reach "
+                                       f"X, ||dX|| = {cn:.3e} away")
+    if cert.error_bound < err * (1 - 1e-6):
+        raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {err:.3e}")
+    if cert.radius > uniq * (1 + 1e-6):
+        raise CertificateMismatchError(f"uniqueness radius {cert.radius:.3e} exceeds the recomputed {uniq:.3e}")
     return {"status": "certified", "kind": "kantorovich-root", "sigma_min": float(s[-1]), "K": K, "h": h,
-            "residual_norm": rn, "error_bound": t1, "radius": min(rho, t2)}
+            "residual_norm": rn, "error_bound": err, "radius": uniq, "correction_norm": cn}
 
 
 def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> dict:

@@ -155,6 +155,30 @@ def gradient_enclosure(problem, X, dX=None) -> tuple[np.ndarray, np.ndarray]:
     return mid, rad + np.spacing(np.abs(mid))
 
 
+def output_residual_enclosure(problem, X, dX=None) -> tuple[np.ndarray, float]:
+    """The attention-output residual ``O(X + dX) - B`` (all heads, flattened ``(H n d_v,)``) in
+    320-bit arb: the float64 midpoints, and a rigorous upper bound on its Frobenius norm.
+
+    ``dX``: None, or float64 corrections summed exactly with X (`_arb_point`), so the point can
+    be a double-double one; the Kantorovich test of :mod:`solver.roots` needs a residual far
+    below float64's rounding at an ill-conditioned root.
+    """
+    prec = flint.ctx.prec
+    flint.ctx.prec = 320
+    try:
+        Xa = _arb_point(X, dX)
+        entries = []
+        for h in range(problem.heads):
+            W, u = _arb_array(problem.W[h]), _arb_array(problem.U[h])
+            _, F = _attention(Xa, W, u, _arb_exp)
+            R = F @ (Xa.T @ _arb_array(problem.W_V[h])) - _arb_array(problem.B[h])
+            entries.extend(R.reshape(-1))
+        mid = np.array([float(v.mid()) for v in entries])
+        return mid, _norm_upper(entries)
+    finally:
+        flint.ctx.prec = prec
+
+
 def gradient_norm_upper(problem, X, Q=None) -> float:
     """Rigorous upper bound on ``||(I - Q Q^T) grad L(X)||`` (Q: orthonormal columns, (dn, k), or None).
 

@@ -15,6 +15,9 @@ A ``kantorovich-root`` certificate (the square attention-output system, where th
 Newton certificate is out of reach: lambda_min = s_min(J)^2 is tiny) states instead: an exact
 solution X* of ``O(X) = B`` lies within ``error_bound = t*`` of X and is the only one within
 ``radius`` (Kantorovich, :mod:`solver.roots`); X* is a global minimiser of the loss (L = 0).
+At an ill-conditioned root the test runs at a double-double centre ``X + dX`` (``constants["dX"]``,
+one float64 correction as a flat list, ``correction_norm >= ||dX||``), and both radii already
+include ``||dX||``.
 
 An ``interval-hessian`` certificate (attention maps, dn <= ``SLICE_CERT_MAX``; tried when the
 local Newton one fails, as on one head at d >= 8, where lambda_min ~ 1e-6 against M ~ 1e5 asks for
@@ -226,7 +229,8 @@ def root_certificate(problem: Problem, X, root, sym, validation, iterations: int
         status="certified", fingerprint=problem.fingerprint(), X_digest=array_digest(X),
         symmetry_dimension=sym.dimension, sign_flip=sym.sign_flip, loss=float(problem.loss(X)),
         grad_norm=float(np.linalg.norm(np.asarray(problem.grad(X), np.float64))), error_bound=root.radius,
-        radius=root.unique_radius, constants=root.as_dict(), region=Region.around(problem, X, root.rho).as_dict(),
+        radius=root.unique_radius, constants=root.as_dict(),
+        region=Region.around(problem, X, root.rho + root.correction_norm).as_dict(),
         validation=validation, iterations=iterations, iteration_bound=None,
         uniqueness="the only solution of O(X) = B in the ball B(X, radius); it is a global minimiser (L = 0)",
         kind="kantorovich-root",

@@ -230,8 +230,9 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                     from .roots import kantorovich, polish
 
                     Xc = polish(problem, Xc)
-                    if kantorovich(problem, Xc).exists:
-                        best = (float(problem.loss(Xc)), Xc)
+                    root = kantorovich(problem, Xc)
+                    if root.exists:  # root.X: the float64 point nearest a refined centre, if refined
+                        best = (float(problem.loss(root.X)), root.X)
                         break
                 f = float(problem.loss(Xc))
                 if best is None or f < best[0]:
@@ -295,6 +296,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
             root = kantorovich(problem, Xp)
             say(f"Kantorovich root test: {'an exact root is proved' if root.exists else 'no root proved'}")
             if root.exists:
+                Xp = root.X  # where the test refined its centre, the float64 point nearest it
                 cert = root_certificate(problem, Xp, root, sym, None, iterations=0)
                 return Result(X=Xp, status="certified", certificate=cert, history=history.as_list(), init=init,
                               symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,

@@ -24,6 +24,19 @@ a-priori bound on its rounding (:func:`residual_extended`), and the smallest sin
 of the float64 Jacobian is lowered by an a-priori allowance for its rounding; both are stated
 in the certificate. tests/test_roots.py checks the extended residual against an mpmath
 evaluation at 50 digits.
+
+**Ill-conditioned roots: a double-double centre.** ``h = beta^2 K ||r||`` and a float64 point
+cannot bring ||r|| below about ``eps ||J|| ||X||`` (1e-15 at (8, 32)), so a root with
+``s_min(J)`` near 1e-6 fails the test at every float64 point (25 of 200 planted roots at
+(8, 32)). Where the float64 test fails at a float64 root (a Newton step below
+``REFINE_MAX_REL``), :func:`kantorovich` refines to a centre ``X + dX`` (``dX`` a float64
+correction, the sum exact): Newton steps with the residual in 320-bit ball arithmetic
+(:func:`proofs_check.rigorous.output_residual_enclosure`, a rigorous bound on ||r||) and
+the float64 Jacobian, renormalised so X is the float64 point nearest the centre. The test
+then runs at the centre, with ``K ||dX||`` taken off ``s_min`` (the Jacobian at the centre
+is within that of the one at X) and ``K`` on the region around X widened by ``||dX||``;
+the radii are stated for the returned X (``t* + ||dX||``, uniqueness ``min(rho, t**) - ||dX||``),
+and ``dX`` is stored in the certificate for `proofs_check.recheck`.
 """
 
 from __future__ import annotations
@@ -39,6 +52,8 @@ from .errors import InvalidProblemError
 from .problem import OUTPUT, Problem
 
 EPS = float(np.finfo(np.float64).eps)
+REFINE_MAX_REL = 1e-6  # largest float64 Newton step, relative to max(1, ||X||), at which a failed test is refined
+REFINE_STEPS = 6  # most Newton steps of the refinement (each multiplies the error by about cond(J) eps)
 
 
 def _check(problem: Problem) -> None:
@@ -117,7 +132,10 @@ class RootCertificate:
     - `radius`: ``t*``; `unique_radius`: ``min(rho, t**)``, no other root within it
     - `beta`, `eta`, `K`, `h`, `rho`: the theorem's quantities (``beta``, ``eta`` include the rounding allowances)
     - `sigma_min`: smallest singular value of the computed Jacobian; `residual_norm`: ||r(X)|| computed
-    - `rounding`: the bound on the extended-precision rounding of ||r|| (added to it)
+    - `rounding`: the bound on the extended-precision rounding of ||r|| (added to it); 0 where the
+      centre is refined, `residual_norm` then being the ball arithmetic's rigorous bound
+    - `dX`: None, or the (1, d, n) float64 correction of the double-double centre ``X + dX`` the
+      test ran at (module docstring); then `correction_norm` is an upper bound on ``||dX||``
     """
 
     X: np.ndarray = field(repr=False)
@@ -132,9 +150,15 @@ class RootCertificate:
     sigma_min: float
     residual_norm: float
     rounding: float
+    dX: np.ndarray | None = field(default=None, repr=False)
+    correction_norm: float = 0.0
 
     def as_dict(self) -> dict:
-        return {k: (bool(v) if k == "exists" else float(v)) for k, v in self.__dict__.items() if k != "X"}
+        skip = ("X", "dX") if self.dX is not None else ("X", "dX", "correction_norm")
+        out = {k: (bool(v) if k == "exists" else float(v)) for k, v in self.__dict__.items() if k not in skip}
+        if self.dX is not None:
+            out["dX"] = np.asarray(self.dX, np.float64).reshape(-1).tolist()
+        return out
 
 
 def residual_extended(problem: Problem, X) -> tuple[np.ndarray, float]:
@@ -160,7 +184,7 @@ def residual_extended(problem: Problem, X) -> tuple[np.ndarray, float]:
     return r.reshape(-1), bound
 
 
-def kantorovich(problem: Problem, X, *, rhos=(1e-3, 1e-2, 1e-1, 1.0)) -> RootCertificate:
+def kantorovich(problem: Problem, X, *, rhos=(1e-3, 1e-2, 1e-1, 1.0), refine: bool = True) -> RootCertificate:
     """Kantorovich's test at ``X``; see the module docstring.
 
     ``beta = 1 / (s_min(J^) - delta_J)`` with ``J^`` the float64 Jacobian and
@@ -168,38 +192,109 @@ def kantorovich(problem: Problem, X, *, rhos=(1e-3, 1e-2, 1e-1, 1.0)) -> RootCer
     ``eta = beta (||r_ext|| + bound)`` from :func:`residual_extended`, so ``eta >= ||J^-1 r||``.
     `rhos`: region radii tried, relative to ``||X||_F``; the certificate reports the largest one
     on which a root is proved (the largest uniqueness ball), or the smallest one tried.
+    `refine`: where that fails at a float64 root, retry at a double-double centre (module
+    docstring); the certificate's X is then the float64 point nearest that centre, which can
+    differ from the given X by the float64 solution's error (about ``||J^-1|| eps ||J|| ||X||``).
     """
-    from proofs_check.region import Region
-
     _check(problem)
     X = np.asarray(problem.check_X(X), np.float64)
     J = jacobian(problem, X)
     s = np.linalg.svd(J, compute_uv=False)
     r_ext, bound = residual_extended(problem, X)
     rn = float(np.linalg.norm(r_ext.astype(np.float64)))
+    best = _test(problem, X, J, float(s[-1]), rn, bound, rhos)
+    if best.exists or not refine or not (best.sigma_min > 0 and np.isfinite(rn)):
+        return best
+    step = np.linalg.lstsq(J, r_ext.astype(np.float64), rcond=None)[0]
+    if not (np.all(np.isfinite(step)) and np.linalg.norm(step) <= REFINE_MAX_REL * max(1.0, float(np.linalg.norm(X)))):
+        return best  # not a float64 root: nothing to refine
+    Xr, dX = _refine(problem, X)
+    if Xr is None:
+        return best
+    from proofs_check.rigorous import output_residual_enclosure
+
+    mid, up = output_residual_enclosure(problem, Xr, dX)
+    Jr = jacobian(problem, Xr)
+    sr = float(np.linalg.svd(Jr, compute_uv=False)[-1])
+    # the ball bound itself (not the midpoints' float64 norm, which can be an ulp below it), no allowance
+    refined = _test(problem, Xr, Jr, sr, up, 0.0, rhos, dX)
+    return refined if refined.exists else best
+
+
+def _test(problem: Problem, X, J, s_min: float, rn: float, rounding: float, rhos, dX=None) -> RootCertificate:
+    """Kantorovich's test with centre ``X`` (or ``X + dX``): ``||r(centre)|| <= rn + rounding``.
+
+    With ``dX``, ``c >= ||dX||``: the Jacobian at the centre is within ``K c`` of the one at X
+    (K on the region around X of radius ``rho + c``, which holds the ball of radius rho around the
+    centre), and the radii are moved to X by c.
+    """
+    from proofs_check.region import Region
+
+    c = 0.0
+    if dX is not None:
+        c = float(np.linalg.norm(np.asarray(dX, np.float64).sum(axis=0))) * (1 + 4 * EPS)
+    none = RootCertificate(X, False, np.inf, 0.0, np.inf, np.inf, np.nan, np.inf, 0.0, s_min, rn, rounding, dX, c)
     delta_J = (problem.n + 8 * problem.d + 32) * EPS * float(np.linalg.norm(J))
-    sig = float(s[-1]) - delta_J
-    if not (sig > 0 and np.isfinite(rn)):
-        return RootCertificate(X, False, np.inf, 0.0, np.inf, np.inf, np.nan, np.inf, 0.0, float(s[-1]), rn, bound)
-    beta = 1.0 / sig
-    eta = beta * (rn + bound)
+    if not (s_min - delta_J > 0 and np.isfinite(rn)):
+        return none
     best = None
     scale = float(np.linalg.norm(X))
     for rel in sorted(rhos):
         rho = rel * scale
-        K = Region.around(problem, X, rho).bounds()["output_map_curvature"]
-        h = beta * K * eta
-        if h <= 0.5:
-            root = np.sqrt(1.0 - 2.0 * h)
-            t1, t2 = (1.0 - root) / (beta * K), (1.0 + root) / (beta * K)
-            ok = t1 <= rho
-            cert = RootCertificate(X, ok, t1 if ok else np.inf, min(rho, t2) if ok else 0.0, beta, eta, K, h, rho,
-                                   float(s[-1]), rn, bound)
+        K = Region.around(problem, X, rho + c).bounds()["output_map_curvature"]
+        sig = s_min - delta_J - K * c
+        if not sig > 0:
+            cert = RootCertificate(X, False, np.inf, 0.0, np.inf, np.inf, K, np.inf, rho, s_min, rn, rounding, dX, c)
         else:
-            cert = RootCertificate(X, False, np.inf, 0.0, beta, eta, K, h, rho, float(s[-1]), rn, bound)
+            beta = 1.0 / sig
+            eta = beta * (rn + rounding)
+            h = beta * K * eta
+            ok = False
+            if h <= 0.5:
+                root = np.sqrt(1.0 - 2.0 * h)
+                t1, t2 = (1.0 - root) / (beta * K), (1.0 + root) / (beta * K)
+                ok = t1 <= rho and min(rho, t2) > c
+            if ok:
+                cert = RootCertificate(X, True, (t1 + c) * (1 + 4 * EPS) if c else t1, min(rho, t2) - c, beta, eta, K, h,
+                                       rho, s_min, rn, rounding, dX, c)
+            else:
+                cert = RootCertificate(X, False, np.inf, 0.0, beta, eta, K, h, rho, s_min, rn, rounding, dX, c)
         if best is None or cert.exists:  # the smallest rho, or the largest one that proves a root
             best = cert
     return best
+
+
+def _refine(problem: Problem, X) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Newton from X with the residual in 320-bit balls: ``(Xr, dX)``, the float64 point nearest the
+    centre and the (1, d, n) correction to it, or ``(None, None)`` where ||r|| does not fall.
+
+    The pair is renormalised after each step (TwoSum), so Xr is the float64 rounding of the centre
+    and the Jacobian is taken at Xr, within an ulp of it; each step multiplies the error by about
+    ``cond(J) eps``.
+    """
+    from proofs_check.rigorous import output_residual_enclosure
+
+    hi, lo = X.copy(), np.zeros_like(X)
+    best, best_up = None, np.inf
+    for _ in range(REFINE_STEPS):
+        mid, up = output_residual_enclosure(problem, hi, lo[None])
+        if not up < 0.5 * best_up:  # no longer converging (or not finite): keep the best centre
+            break
+        best, best_up = (hi.copy(), lo.copy()), up
+        J = jacobian(problem, hi)
+        try:
+            step = -np.linalg.solve(J, mid).reshape(X.shape)
+        except np.linalg.LinAlgError:
+            break
+        if not np.all(np.isfinite(step)):
+            break
+        t = lo + step
+        s = hi + t
+        bb = s - hi
+        hi, lo = s, (hi - (s - bb)) + (t - bb)
+    if best is None or (np.array_equal(best[0], X) and not best[1].any()):
+        return None, None  # no step lowered ||r||: not a root (a positive-loss minimum has J^+ r = 0 too)
+    return best[0], best[1][None]
 
 
 @dataclass

@@ -98,6 +98,76 @@ def test_curvature_lemma_is_checked_and_a_wrong_constant_fails():
                      bound_scale={"output_map_curvature": 0.01}, progress=False).ok
 
 
+def test_output_residual_ball_bound_contains_the_mpmath_residual():
+    """320-bit ball residual at a float64 point and at a double-double one (X + dX, dX ~ 1e-17):
+    its norm bound is above the 50-digit mpmath norm, and within 1e-40 of it."""
+    from proofs_check.rigorous import output_residual_enclosure
+
+    p, Xt = planted_instance(4, 8, heads=1, variant="output", bias=True, seed=3)
+    dX = 1e-17 * np.random.default_rng(5).normal(size=(1, *Xt.shape))
+    for Y, corr in ((Xt, None), (Xt + 1e-3, None), (Xt, dX)):
+        mid, up = output_residual_enclosure(p, Y, corr)
+        with mpmath.workdps(60):
+            Z = Y if corr is None else np.vectorize(mpmath.mpf, otypes=[object])(Y) + np.vectorize(
+                mpmath.mpf, otypes=[object])(corr[0])
+            exact = float(mpmath.sqrt(mpmath.fsum(v * v for v in _outputs_mp(p, Z, 60))))
+        assert exact <= up <= exact + 1e-40, (exact, up)
+        np.testing.assert_allclose(np.linalg.norm(mid), exact, rtol=1e-15)
+
+
+@pytest.fixture(scope="module")
+def ill_conditioned_root():
+    # (8, 16), seed 37: s_min(J) = 6e-7 at the planted root, h = 10 at every float64 point
+    p, Xt = planted_instance(8, 16, heads=1, variant="output", seed=37)
+    Xp = polish(p, Xt)
+    return p, Xp, kantorovich(p, Xp, refine=False), kantorovich(p, Xp)
+
+
+def test_ill_conditioned_root_proved_at_a_double_double_centre(ill_conditioned_root):
+    p, Xp, plain, cert = ill_conditioned_root
+    assert not plain.exists and plain.h > 0.5 and plain.dX is None
+    assert cert.exists and cert.dX is not None and cert.h <= 0.5
+    # the centre's residual, recomputed in mpmath at 60 digits, is within the bound the test used
+    with mpmath.workdps(60):
+        mp = np.vectorize(mpmath.mpf, otypes=[object])
+        Z = mp(cert.X) + mp(cert.dX[0])
+        r = float(mpmath.sqrt(mpmath.fsum(v * v for v in _outputs_mp(p, Z, 60))))
+    assert r <= cert.residual_norm < 1e-25
+    dn = float(np.linalg.norm(cert.dX))
+    assert dn <= cert.correction_norm and cert.radius >= dn  # radii moved to the returned X by ||dX||
+    assert cert.radius < 1e-14 < cert.unique_radius
+    # the returned X is the float64 point nearest the centre: |dX| at most half an ulp of X
+    assert np.all(np.abs(cert.dX[0]) <= 0.5 * np.spacing(np.abs(cert.X)))
+    assert np.linalg.norm(cert.X - Xp) < 1e-9  # and near the polished point the test was given
+
+
+def test_recheck_of_a_double_double_root_certificate(ill_conditioned_root):
+    import copy
+
+    from proofs_check.recheck import recheck
+    from solver.certificate import root_certificate
+    from solver.errors import CertificateMismatchError
+    from solver.symmetry import symmetries
+
+    p, _, _, root = ill_conditioned_root
+    cert = root_certificate(p, root.X, root, symmetries(p), None, iterations=0).as_dict()
+    out = recheck(cert, p, root.X)
+    assert out["status"] == "certified" and out["correction_norm"] > 0
+    assert out["error_bound"] <= cert["error_bound"] * (1 + 1e-6)
+    dX = np.asarray(cert["constants"]["dX"])
+    for what, value, match in (("without its correction", np.zeros_like(dX), "h = "),
+                               ("a correction 1e4 times too large", 1e4 * dX, "h = "),
+                               ("a correction of the wrong size", dX[:-1], "entries")):
+        forged = copy.deepcopy(cert)
+        forged["constants"]["dX"] = value.tolist()
+        with pytest.raises(CertificateMismatchError, match=match):
+            recheck(forged, p, root.X)
+    forged = copy.deepcopy(cert)
+    forged["error_bound"] = 0.5 * cert["constants"]["correction_norm"]  # the distance to the centre is not covered
+    with pytest.raises(CertificateMismatchError, match="error bound"):
+        recheck(forged, p, root.X)
+
+
 def test_bad_input():
     pa, _ = planted_instance(4, 8, heads=1, seed=0)
     with pytest.raises(InvalidProblemError, match="output variant"):
