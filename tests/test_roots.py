@@ -168,6 +168,41 @@ def test_recheck_of_a_double_double_root_certificate(ill_conditioned_root):
         recheck(forged, p, root.X)
 
 
+def test_damped_polish_reaches_an_ill_conditioned_root(monkeypatch):
+    """(8, 16), seed 37 (s_min(J) = 6e-7 at the planted root): from 1e-4 (relative) along the
+    Jacobian's smallest singular direction the full Newton step overshoots and never lowers ||r||;
+    the damped steps reach the root, which Kantorovich's test then proves."""
+    import solver.roots as roots
+
+    p, Xt = planted_instance(8, 16, heads=1, variant="output", seed=37)
+    v = np.linalg.svd(jacobian(p, Xt))[2][-1].reshape(Xt.shape)
+    X0 = Xt + 1e-4 * np.linalg.norm(Xt) * v
+    X = polish(p, X0)
+    assert np.linalg.norm(X - Xt) <= 1e-10 * np.linalg.norm(Xt)
+    assert kantorovich(p, X).exists
+    monkeypatch.setattr(roots, "POLISH_HALVINGS", 0)  # full steps only: stuck where it started
+    assert np.linalg.norm(polish(p, X0) - Xt) > 1e-5 * np.linalg.norm(Xt)
+
+
+def test_polish_gives_up_on_a_positive_loss_minimum(monkeypatch):
+    """Where ||r|| stalls (LM's end point from a random start, ||r|| ~ 1e-2) polish stops after one
+    window of POLISH_WINDOW steps instead of running to max_iter, and never raises ||r||."""
+    import solver.roots as roots
+    from solver.newton import History, levenberg_marquardt
+
+    # (8, 32), seed 3: from here damped steps keep lowering ||r|| by about 0.002% each, for 99 steps
+    p, _ = planted_instance(8, 32, heads=1, variant="output", seed=3)
+    X0 = levenberg_marquardt(p, np.random.default_rng(1).normal(scale=8**-0.25, size=(8, 32)), History(), 200, 1e-10)
+    r0 = np.linalg.norm(residual(p, X0))
+    assert r0 > 1e-6  # not a root
+    calls = []
+    real = roots.jacobian
+    monkeypatch.setattr(roots, "jacobian", lambda *a: calls.append(1) or real(*a))
+    X = polish(p, X0)
+    assert len(calls) <= roots.POLISH_WINDOW + 1
+    assert np.linalg.norm(residual(p, X)) <= r0
+
+
 def test_bad_input():
     pa, _ = planted_instance(4, 8, heads=1, seed=0)
     with pytest.raises(InvalidProblemError, match="output variant"):
