@@ -8,7 +8,7 @@ the solver: no method can tell the planted input from the other preimage. This m
 preimages and proves each one:
 
 - :func:`polish`: Newton on the residual ``r(X) = O(X) - B`` (the Gauss-Newton step, exact for
-  a square system), from any start.
+  a square system), damped by halving until ||r|| falls, from any start.
 - :func:`kantorovich`: with ``J = Dr(X^)`` (dense, float64), ``beta >= ||J^-1||_2``,
   ``eta >= ||J^-1 r(X^)||`` and ``K`` the generated bound of the lemma ``output_map_curvature``
   (``Dr`` is K-Lipschitz on the ball of radius ``rho`` around ``X^``), ``h = beta K eta <= 1/2``
@@ -108,7 +108,7 @@ def polish(problem: Problem, X, *, max_iter: int = 100) -> np.ndarray:
     lowered it by less than ``1 - POLISH_WINDOW_GAIN`` (not converging to a root: a positive-loss
     minimum), or after `max_iter` steps. The damping matters at an ill-conditioned root: there the
     full step overshoots from as close as 5e-4 (relative), where LM on the loss has already stopped
-    at its gradient floor ((8, 32) seed 181: 49 damped steps of 1/32 to 1, then quadratic).
+    at its gradient floor ((8, 32) seed 181: 48 damped steps, 1/32 to 1/2, then full quadratic ones).
     Raises :class:`InvalidProblemError` where the system is not square. Returns the last accepted
     iterate, the best seen (never a NaN: a singular or non-finite step ends the iteration).
     """
