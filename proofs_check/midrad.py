@@ -27,6 +27,14 @@ U = 2.0**-53
 TINY = np.finfo(np.float64).tiny
 
 
+def two_sum(a, b):
+    """Knuth's TwoSum, elementwise: ``(s, e)`` with ``s = fl(a + b)`` and ``s + e = a + b`` exactly
+    (float64, round to nearest, no overflow): the renormalisation of a double-double sum."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
 def up(x, ops: int):
     """Upper bound on the exact value of a non-negative quantity that float64 computed as ``x``
     with at most ``ops`` roundings of sums and products of non-negative terms.

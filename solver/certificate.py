@@ -277,6 +277,7 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     """
     from proofs_check.region import Region
     from proofs_check.rigorous import gradient_enclosure, jacobian_slice_bounds, slice_bounds, slice_theorem
+    from proofs_check.midrad import two_sum
 
     if problem.variant != ATTENTION:
         return None, "the interval-Hessian certificate is for attention maps"
@@ -317,9 +318,8 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
             break
         g_prev = g
         step = -(P @ np.linalg.solve(Hs, gz)).reshape(d, n)
-        hi = dX[0] + step
-        bb = hi - dX[0]
-        dX = np.stack([hi, dX[1] + ((dX[0] - (hi - bb)) + (step - bb))])
+        hi, err = two_sum(dX[0], step)
+        dX = np.stack([hi, dX[1] + err])
     moved = float(np.linalg.norm(dX.sum(axis=0)))
     if moved > POLISH_MAX_REL * max(1.0, float(np.linalg.norm(X))):
         # recheck holds a certificate to X + dX being a polish of X (the same test): refuse, never

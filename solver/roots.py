@@ -226,13 +226,10 @@ def kantorovich(problem: Problem, X, *, rhos=(1e-3, 1e-2, 1e-1, 1.0), refine: bo
     step = np.linalg.lstsq(J, r_ext.astype(np.float64), rcond=None)[0]
     if not (np.all(np.isfinite(step)) and np.linalg.norm(step) <= REFINE_MAX_REL * max(1.0, float(np.linalg.norm(X)))):
         return best  # not a float64 root: nothing to refine
-    Xr, dX = _refine(problem, X)
-    if Xr is None:
+    refined = _refine(problem, X)
+    if refined is None:
         return best
-    from proofs_check.rigorous import output_residual_enclosure
-
-    mid, up = output_residual_enclosure(problem, Xr, dX)
-    Jr = jacobian(problem, Xr)
+    Xr, dX, up, Jr = refined
     sr = float(np.linalg.svd(Jr, compute_uv=False)[-1])
     # the ball bound itself (not the midpoints' float64 norm, which can be an ulp below it), no allowance
     refined = _test(problem, Xr, Jr, sr, up, 0.0, rhos, dX)
@@ -282,37 +279,36 @@ def _test(problem: Problem, X, J, s_min: float, rn: float, rounding: float, rhos
     return best
 
 
-def _refine(problem: Problem, X) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Newton from X with the residual in 320-bit balls: ``(Xr, dX)``, the float64 point nearest the
-    centre and the (1, d, n) correction to it, or ``(None, None)`` where ||r|| does not fall.
+def _refine(problem: Problem, X) -> tuple[np.ndarray, np.ndarray, float, np.ndarray] | None:
+    """Newton from X with the residual in 320-bit balls: ``(Xr, dX, up, J)``, the float64 point nearest
+    the centre, the (1, d, n) correction to it, the ball bound on ||r(Xr + dX)|| and the Jacobian at
+    Xr; or None where ||r|| does not fall.
 
     The pair is renormalised after each step (TwoSum), so Xr is the float64 rounding of the centre
     and the Jacobian is taken at Xr, within an ulp of it; each step multiplies the error by about
     ``cond(J) eps``.
     """
+    from proofs_check.midrad import two_sum
     from proofs_check.rigorous import output_residual_enclosure
 
     hi, lo = X.copy(), np.zeros_like(X)
-    best, best_up = None, np.inf
+    best = None
     for _ in range(REFINE_STEPS):
         mid, up = output_residual_enclosure(problem, hi, lo[None])
-        if not up < 0.5 * best_up:  # no longer converging (or not finite): keep the best centre
+        if not up < 0.5 * (best[2] if best else np.inf):  # no longer converging (or not finite): keep the best
             break
-        best, best_up = (hi.copy(), lo.copy()), up
         J = jacobian(problem, hi)
+        best = (hi.copy(), lo[None].copy(), up, J)
         try:
             step = -np.linalg.solve(J, mid).reshape(X.shape)
         except np.linalg.LinAlgError:
             break
         if not np.all(np.isfinite(step)):
             break
-        t = lo + step
-        s = hi + t
-        bb = s - hi
-        hi, lo = s, (hi - (s - bb)) + (t - bb)
+        hi, lo = two_sum(hi, lo + step)
     if best is None or (np.array_equal(best[0], X) and not best[1].any()):
-        return None, None  # no step lowered ||r||: not a root (a positive-loss minimum has J^+ r = 0 too)
-    return best[0], best[1][None]
+        return None  # no step lowered ||r||: not a root (a positive-loss minimum has J^+ r = 0 too)
+    return best
 
 
 @dataclass

@@ -32,6 +32,14 @@ def _outputs_mp(problem, X, digits=50):
         return out
 
 
+def _residual_norm_mp(problem, X, dX=None, digits=60):
+    """||O(X + dX) - B|| from `_outputs_mp`, the centre summed in mpmath at `digits` digits."""
+    with mpmath.workdps(digits):
+        mp = np.vectorize(mpmath.mpf, otypes=[object])
+        Z = mp(X) if dX is None else mp(X) + mp(dX)
+        return float(mpmath.sqrt(mpmath.fsum(v * v for v in _outputs_mp(problem, Z, digits))))
+
+
 @pytest.fixture(scope="module")
 def two_roots():
     # seed 4 at (d, n) = (4, 8): the random starts land on three distinct certified roots
@@ -107,10 +115,7 @@ def test_output_residual_ball_bound_contains_the_mpmath_residual():
     dX = 1e-17 * np.random.default_rng(5).normal(size=(1, *Xt.shape))
     for Y, corr in ((Xt, None), (Xt + 1e-3, None), (Xt, dX)):
         mid, up = output_residual_enclosure(p, Y, corr)
-        with mpmath.workdps(60):
-            Z = Y if corr is None else np.vectorize(mpmath.mpf, otypes=[object])(Y) + np.vectorize(
-                mpmath.mpf, otypes=[object])(corr[0])
-            exact = float(mpmath.sqrt(mpmath.fsum(v * v for v in _outputs_mp(p, Z, 60))))
+        exact = _residual_norm_mp(p, Y, None if corr is None else corr[0])
         assert exact <= up <= exact + 1e-40, (exact, up)
         np.testing.assert_allclose(np.linalg.norm(mid), exact, rtol=1e-15)
 
@@ -128,10 +133,7 @@ def test_ill_conditioned_root_proved_at_a_double_double_centre(ill_conditioned_r
     assert not plain.exists and plain.h > 0.5 and plain.dX is None
     assert cert.exists and cert.dX is not None and cert.h <= 0.5
     # the centre's residual, recomputed in mpmath at 60 digits, is within the bound the test used
-    with mpmath.workdps(60):
-        mp = np.vectorize(mpmath.mpf, otypes=[object])
-        Z = mp(cert.X) + mp(cert.dX[0])
-        r = float(mpmath.sqrt(mpmath.fsum(v * v for v in _outputs_mp(p, Z, 60))))
+    r = _residual_norm_mp(p, cert.X, cert.dX[0])
     assert r <= cert.residual_norm < 1e-25
     dn = float(np.linalg.norm(cert.dX))
     assert dn <= cert.correction_norm and cert.radius >= dn  # radii moved to the returned X by ||dX||
