@@ -1,6 +1,7 @@
 """Recovery accuracy, noise robustness and peers, on planted instances.
 
     python benchmarks/recover_bench.py accuracy [--instances 20] [--sizes 4,8,16,32] [--families two,one,output]
+                                                [--seed-start 0 | --seeds 2,13,30]
     python benchmarks/recover_bench.py noise    [--instances 20]
     python benchmarks/recover_bench.py peers    [--instances 10] [--sizes 8,32] [--starts-from algebraic,random]
                                                 (n = 2d, 2 heads)
@@ -40,6 +41,10 @@ def accuracy(args):
 
         solver.certificate.SLICE_CERT_MAX = args.slice_cert_max
     rows = []
+    seeds = ([int(s) for s in args.seeds.split(",")] if args.seeds
+             else list(range(args.seed_start, args.seed_start + args.instances)))
+    if not seeds:
+        raise SystemExit("accuracy: no seeds (--instances 0 or an empty --seeds)")
     families = [("attention, 2 heads", dict(heads=2)), ("attention, 1 head", dict(heads=1)),
                 ("output, W_V", dict(heads=1, variant="output"))]
     keep = {"two": 0, "one": 1, "output": 2}
@@ -49,11 +54,11 @@ def accuracy(args):
             n = mult * d
             for label, kw in families:
                 exact = certified = rechecked = 0
-                errs, times, recheck_times, kinds, uncertified = [], [], [], {}, []
-                for seed in range(args.seed_start, args.seed_start + args.instances):
+                errs, times, recheck_times, kinds, uncertified, per_seed = [], [], [], {}, [], []
+                for seed in seeds:
                     problem, X = planted_instance(d, n, seed=seed, **kw)
                     t = time.perf_counter()
-                    res = recover(problem, certify=False, validate=seed == args.seed_start, max_iter=60,
+                    res = recover(problem, certify=False, validate=seed == seeds[0], max_iter=60,
                                   restarts=None if kw.get("variant") == "output" else 4)
                     times.append(time.perf_counter() - t)
                     err = distance_to_orbit(problem, res.X, X)
@@ -70,17 +75,19 @@ def accuracy(args):
                             print(f"  seed {seed}: not rechecked: {type(e).__name__}: {e}", flush=True)
                     else:
                         uncertified.append(seed)
+                    per_seed.append({"seed": seed, "status": res.status, "error": err, "starts": res.starts,
+                                     "seconds": times[-1]})
                     print(f"  seed {seed}: error {err:.1e}, {res.status}"
                           f"{' (' + res.certificate.kind + ')' if res.status == 'certified' else ''}, {times[-1]:.1f} s",
                           file=sys.stderr, flush=True)
-                row = {"family": label, "d": d, "n": n, "instances": args.instances, "seeds": [args.seed_start,
-                       args.seed_start + args.instances - 1], "exact": exact,
+                row = {"family": label, "d": d, "n": n, "instances": len(seeds),
+                       "seeds": seeds if args.seeds else [seeds[0], seeds[-1]], "exact": exact,
                        "certified": certified, "rechecked": rechecked, "median_error": float(np.median(errs)),
                        "worst_error": float(np.max(errs)), "median_seconds": float(np.median(times)),
                        "median_recheck_seconds": float(np.median(recheck_times)) if recheck_times else None,
-                       "kinds": kinds, "uncertified_seeds": uncertified}
+                       "kinds": kinds, "uncertified_seeds": uncertified, "per_seed": per_seed}
                 rows.append(row)
-                print(f"{label:20s} d={d:3d} n={n:4d}  exact {exact}/{args.instances}  certified {certified} "
+                print(f"{label:20s} d={d:3d} n={n:4d}  exact {exact}/{len(seeds)}  certified {certified} "
                       f"(rechecked {rechecked})  median err {row['median_error']:.1e}  worst {row['worst_error']:.1e}  "
                       f"{row['median_seconds']:.2f} s", flush=True)
                 # after every cell: a run killed later (memory, time) keeps what it measured
@@ -334,6 +341,8 @@ def main(argv=None):
     ap.add_argument("--instances", type=int, default=20)
     ap.add_argument("--seed-start", type=int, default=0,
                     help="accuracy: first seed (seeds seed_start .. seed_start + instances - 1), to split a cell")
+    ap.add_argument("--seeds", default="",
+                    help="accuracy: comma-separated seeds, instead of --seed-start/--instances (to rerun a cell's misses)")
     ap.add_argument("--sizes", default="4,8,16,32")
     ap.add_argument("--slice-cert-max", type=int, default=None,
                     help="accuracy: largest dn at which the interval-Hessian certificate is tried "

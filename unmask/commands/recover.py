@@ -18,6 +18,10 @@ def add_arguments(p):
     p.add_argument("--out", required=True, help="where to write X (.npy, written atomically)")
     p.add_argument("--certificate", help="where to write the certificate JSON")
     p.add_argument("--no-certify", action="store_true", help="return an uncertified answer instead of refusing")
+    p.add_argument("--restarts", type=int, default=None,
+                   help="random starts where the closed form does not apply (default: 8; 256 for the square "
+                        "output system, one head with d_v = d, where the search stops at the first proved root)")
+    p.add_argument("--seed", type=int, default=0, help="seed of those random starts (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -43,7 +47,7 @@ def run(args) -> int:
         if not args.quiet:
             print(f"[{time.perf_counter() - t0:7.1f} s] {message}", file=sys.stderr, flush=True)
 
-    result = recover(problem, certify=not args.no_certify, progress=progress)
+    result = recover(problem, certify=not args.no_certify, restarts=args.restarts, seed=args.seed, progress=progress)
     atomic_save_npy(args.out, result.X)
     if args.certificate:
         atomic_write_json(args.certificate, result.certificate.as_dict())
