@@ -99,7 +99,8 @@ def roots(args):
     """The output variant's preimages: how many certified exact roots, and which one the solver returns.
 
     Same instances as ``accuracy --families output`` (one head, d_v = d: a square system). Per
-    instance: the solver's answer (``recover`` with its default 8 restarts) is classified as the planted X,
+    instance: the solver's answer (``recover`` with its default ``SQUARE_OUTPUT_RESTARTS``; 8 when the
+    JSON was written) is classified as the planted X,
     another certified exact root, or no root; then :func:`solver.roots.find_roots` from the
     planted X, the solver's answer and ``--starts`` random starts counts the distinct certified
     roots. Two or more prove that the outputs do not determine X on that instance.

@@ -127,4 +127,4 @@ def test_every_certificate_on_forty_seeds_rechecks(family):
             assert recheck(res.certificate, problem, res.X)["status"] == "certified", seed
         else:
             assert res.certificate.error_bound is None
-    assert certified >= 35  # measured: 197/200 (output), 200/200 (one head) at (4, 8)
+    assert certified >= 35  # measured: 199/200 with 32 starts, 200/200 with 256 (output); 200/200 (one head), at (4, 8)
