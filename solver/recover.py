@@ -195,6 +195,8 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     Returns a :class:`Result`.
     """
     t0 = time.perf_counter()
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InvalidProblemError(f"recover: seed must be a non-negative integer, got {seed!r}")
 
     def say(message: str) -> None:
         if progress is not None:

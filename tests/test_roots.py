@@ -278,3 +278,6 @@ def test_square_output_restarts_stop_at_the_first_proved_root():
         assert res.starts == SQUARE_OUTPUT_RESTARTS
     with pytest.raises(InvalidProblemError, match="restarts"):
         recover(p, certify=False, validate=False, restarts=0)
+    for bad in (-1, 1.5, True):  # np.random.default_rng would raise a bare ValueError, or accept True as 1
+        with pytest.raises(InvalidProblemError, match="seed must be a non-negative integer"):
+            recover(p, certify=False, validate=False, seed=bad)
