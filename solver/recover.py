@@ -223,8 +223,9 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
             square = square_output(problem)
             if restarts is None:
                 restarts = SQUARE_OUTPUT_RESTARTS if square else RESTARTS
-            if restarts < 1:
-                raise InvalidProblemError(f"recover: restarts must be >= 1 where the closed form does not apply, got {restarts}")
+            if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 1:
+                raise InvalidProblemError(f"recover: restarts must be an integer >= 1 where the closed form does not "
+                                          f"apply, got {restarts!r}")
             # one square head: LM on 1/2 ||F X^T - B W_V^-1||^2, the same roots without W_V's distortion
             # of the landscape (twice the starts reach a root at (4, 16)); roots are then polished on B
             start_problem = _unwhitened(problem) if square and problem.heads == 1 else problem

@@ -52,7 +52,7 @@ def test_recover_output_variant_writes_a_kantorovich_certificate(tmp_path, capsy
     assert "Kantorovich" in out.out and "Kantorovich root test: an exact root is proved" in out.err
     rc = main(["recover", "--W", str(tmp_path / "W.npy"), "--B", str(tmp_path / "O.npy"), "--W-V",
                str(tmp_path / "Wv.npy"), "--out", str(tmp_path / "X0.npy"), "--restarts", "0"])
-    assert rc == 2 and "restarts must be >= 1" in capsys.readouterr().err and not (tmp_path / "X0.npy").exists()
+    assert rc == 2 and "restarts must be an integer >= 1" in capsys.readouterr().err and not (tmp_path / "X0.npy").exists()
 
 
 def test_recover_bad_inputs(instance_files, capsys):

@@ -276,8 +276,9 @@ def test_square_output_restarts_stop_at_the_first_proved_root():
         assert np.linalg.norm(residual(p, res.X)) <= 1e-12 * (1 + np.linalg.norm(p.B))
     else:
         assert res.starts == SQUARE_OUTPUT_RESTARTS
-    with pytest.raises(InvalidProblemError, match="restarts"):
-        recover(p, certify=False, validate=False, restarts=0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(InvalidProblemError, match="restarts must be an integer >= 1"):
+            recover(p, certify=False, validate=False, restarts=bad)
     for bad in (-1, 1.5, True):  # np.random.default_rng would raise a bare ValueError, or accept True as 1
         with pytest.raises(InvalidProblemError, match="seed must be a non-negative integer"):
             recover(p, certify=False, validate=False, seed=bad)
