@@ -94,3 +94,14 @@ def test_derive_show_prints_formulas_and_constants(capsys):
     assert main(["derive", "--show"]) == 0
     out = capsys.readouterr().out
     assert "gradient" in out and "hessian_lipschitz" in out and "growth" in out
+
+
+def test_recover_help_states_the_solver_defaults():
+    """The --restarts help spells out recover's defaults (the CLI does not import the solver to build
+    its parser); this keeps the two in step."""
+    from unmask.cli import build_parser
+    from solver.recover import RESTARTS, SQUARE_OUTPUT_RESTARTS
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command" or getattr(a, "choices", None))
+    action = next(a for a in sub.choices["recover"]._actions if a.dest == "restarts")
+    assert f"default: {RESTARTS};" in action.help and f"{SQUARE_OUTPUT_RESTARTS} for the square" in action.help
