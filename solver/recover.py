@@ -153,6 +153,11 @@ def _starts(problem: Problem, restarts: int, seed: int):
     return [rng.normal(scale=scale, size=(problem.d, problem.n)) for _ in range(restarts)]
 
 
+def _integer_at_least(value, lowest: int) -> bool:
+    """An int or NumPy integer (not a bool) of at least `lowest`."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= lowest
+
+
 RESTARTS = 8  # random starts where the closed form does not apply
 BALANCE_MAX_DIM = 64  # group dimension up to which a refused X is moved along its orbit and retried
 BALANCE_UP_FRONT_MIN = 512  # dn above which X is balanced before the first attempt instead of after a refusal
@@ -195,7 +200,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     Returns a :class:`Result`.
     """
     t0 = time.perf_counter()
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    if not _integer_at_least(seed, 0):
         raise InvalidProblemError(f"recover: seed must be a non-negative integer, got {seed!r}")
 
     def say(message: str) -> None:
@@ -223,7 +228,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
             square = square_output(problem)
             if restarts is None:
                 restarts = SQUARE_OUTPUT_RESTARTS if square else RESTARTS
-            if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 1:
+            if not _integer_at_least(restarts, 1):
                 raise InvalidProblemError(f"recover: restarts must be an integer >= 1 where the closed form does not "
                                           f"apply, got {restarts!r}")
             # one square head: LM on 1/2 ||F X^T - B W_V^-1||^2, the same roots without W_V's distortion

@@ -99,9 +99,12 @@ def test_derive_show_prints_formulas_and_constants(capsys):
 def test_recover_help_states_the_solver_defaults():
     """The --restarts help spells out recover's defaults (the CLI does not import the solver to build
     its parser); this keeps the two in step."""
-    from unmask.cli import build_parser
-    from solver.recover import RESTARTS, SQUARE_OUTPUT_RESTARTS
+    import argparse
 
-    sub = next(a for a in build_parser()._actions if a.dest == "command" or getattr(a, "choices", None))
-    action = next(a for a in sub.choices["recover"]._actions if a.dest == "restarts")
-    assert f"default: {RESTARTS};" in action.help and f"{SQUARE_OUTPUT_RESTARTS} for the square" in action.help
+    from solver.recover import RESTARTS, SQUARE_OUTPUT_RESTARTS
+    from unmask.commands.recover import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    text = next(a.help for a in parser._actions if a.dest == "restarts")
+    assert f"default: {RESTARTS};" in text and f"{SQUARE_OUTPUT_RESTARTS} for the square" in text
