@@ -59,7 +59,7 @@ def accuracy(args):
                     problem, X = planted_instance(d, n, seed=seed, **kw)
                     t = time.perf_counter()
                     res = recover(problem, certify=False, validate=seed == seeds[0], max_iter=60,
-                                  restarts=None if kw.get("variant") == "output" else 4)
+                                  restarts=(args.output_restarts if kw.get("variant") == "output" else 4))
                     times.append(time.perf_counter() - t)
                     err = distance_to_orbit(problem, res.X, X)
                     errs.append(err)
@@ -349,6 +349,9 @@ def main(argv=None):
                     help="accuracy: largest dn at which the interval-Hessian certificate is tried "
                          "(default solver.certificate.SLICE_CERT_MAX)")
     ap.add_argument("--mults", default="2,4", help="accuracy: n / d ratios (default 2,4)")
+    ap.add_argument("--output-restarts", type=int, default=None,
+                    help="accuracy: random starts on the output variant's square system "
+                         "(default recover's SQUARE_OUTPUT_RESTARTS)")
     ap.add_argument("--families", default="two,one,output", help="accuracy: any of two,one,output")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
