@@ -41,7 +41,7 @@ def accuracy(args):
 
         solver.certificate.SLICE_CERT_MAX = args.slice_cert_max
     rows = []
-    seeds = ([int(s) for s in args.seeds.split(",")] if args.seeds
+    seeds = (args.seeds if args.seeds
              else list(range(args.seed_start, args.seed_start + args.instances)))
     if not seeds:
         raise SystemExit("accuracy: no seeds (--instances 0 or an empty --seeds)")
@@ -331,6 +331,17 @@ def planted_roots(args):
                       {"command": " ".join(sys.argv), "rows": rows})
 
 
+def _seed_list(text):
+    """argparse type of --seeds: comma-separated non-negative integers."""
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError(f"--seeds takes non-negative integers, got {text!r}")
+    return seeds
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["accuracy", "noise", "peers", "roots", "planted-roots"])
@@ -342,7 +353,7 @@ def main(argv=None):
     ap.add_argument("--instances", type=int, default=20)
     ap.add_argument("--seed-start", type=int, default=0,
                     help="accuracy: first seed (seeds seed_start .. seed_start + instances - 1), to split a cell")
-    ap.add_argument("--seeds", default="",
+    ap.add_argument("--seeds", default=[], type=_seed_list,
                     help="accuracy: comma-separated seeds, instead of --seed-start/--instances (to rerun a cell's misses)")
     ap.add_argument("--sizes", default="4,8,16,32")
     ap.add_argument("--slice-cert-max", type=int, default=None,
