@@ -227,8 +227,9 @@ def test_recover_returns_a_rechecked_root_certificate():
     from solver.errors import CertificateMismatchError
     from solver.recover import recover
 
-    # seed 4: Kantorovich's certificate (seed 1 now gets the local one: its gradient is a ball bound)
-    p, Xt = planted_instance(4, 8, heads=1, variant="output", seed=4)
+    # seed 2: Kantorovich's certificate, the local one failing by 6 orders (test_cli's Kantorovich test;
+    # seed 4, used before, was on the edge of the local one and got it on some machines)
+    p, Xt = planted_instance(4, 8, heads=1, variant="output", seed=2)
     res = recover(p, validate=False)
     assert res.status == "certified" and res.certificate.kind == "kantorovich-root"
     assert np.linalg.norm(residual(p, res.X)) < 1e-13
