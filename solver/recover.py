@@ -161,7 +161,7 @@ def _integer_at_least(value, lowest: int) -> bool:
 RESTARTS = 8  # random starts where the closed form does not apply
 BALANCE_MAX_DIM = 64  # group dimension up to which a refused X is moved along its orbit and retried
 BALANCE_UP_FRONT_MIN = 512  # dn above which X is balanced before the first attempt instead of after a refusal
-SQUARE_OUTPUT_RESTARTS = 256  # the square output system: 1 start in 20 to 1 in 50 reaches a root (recover's docstring)
+SQUARE_OUTPUT_RESTARTS = 1024  # the square output system: 1 start in 20 to 1 in several hundred reaches a root (recover's docstring)
 
 
 def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bool = True, gtol: float = 1e-10,
@@ -178,7 +178,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     - `gtol`: stop when the gradient norm (off the orbit) is at most this (or the
       float64 rounding floor is reached)
     - `restarts`, `seed`: random starts when the closed form does not apply (default
-      ``RESTARTS`` = 8; ``SQUARE_OUTPUT_RESTARTS`` = 256 for the square output system, where
+      ``RESTARTS`` = 8; ``SQUARE_OUTPUT_RESTARTS`` = 1024 for the square output system, where
       the search stops at the first start that ends on a proved root)
     - `progress`: optional callable ``progress(message: str)``, called at each stage (start,
       solver pass, certificate tried and its outcome): the large certificates take minutes
@@ -189,11 +189,12 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     ends on a root proved by Kantorovich's test is returned with a ``kantorovich-root``
     certificate. Its least-squares landscape has many positive-loss local minima (losses 1e-9
     to 1e-4 at (8, 16)): about one start in twenty reaches a root there, and on the hardest
-    instances fewer than one in fifty. 32 starts left 18 of 100 instances at (8, 16) and 25
-    of 200 at (8, 32) without a proved root; on those the first proved root came after up to
-    173 starts at d = 4 and up to 92 of 96 at (8, 32), hence 256. A start costs about 0.3 s at
-    (8, 16) and 2 s at (8, 32) on one core, so an instance where every start fails takes
-    minutes; `progress` reports each start.
+    instances one in several hundred. On 200 seeded instances per (d, n) at d = 4, 8 (n = 2d,
+    4d), every instance has a proved root within 1024 starts: 32 starts left 72 of the 800
+    without one and 256 left 5, whose first proved roots came at starts 284-636, hence 1024. A
+    start costs about 0.3 s at (8, 16) and 2 s at (8, 32) on one core, so an instance where every
+    start fails takes long (1024 starts: about 12 min at (8, 16), 30-50 min at (8, 32), hours at
+    d = 16): `progress` reports each start, and `restarts` sets how many.
     Such a system can have several exact solutions; :func:`solver.roots.find_roots` counts them,
     and where there are two the outputs do not determine X.
 

@@ -19,7 +19,7 @@ def add_arguments(p):
     p.add_argument("--certificate", help="where to write the certificate JSON")
     p.add_argument("--no-certify", action="store_true", help="return an uncertified answer instead of refusing")
     p.add_argument("--restarts", type=int, default=None,
-                   help="random starts where the closed form does not apply (default: 8; 256 for the square "
+                   help="random starts where the closed form does not apply (default: 8; 1024 for the square "
                         "output system, one head with d_v = d, where the search stops at the first proved root)")
     p.add_argument("--seed", type=int, default=0, help="seed of those random starts (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
