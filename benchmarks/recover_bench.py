@@ -77,6 +77,8 @@ def accuracy(args):
                         uncertified.append(seed)
                     per_seed.append({"seed": seed, "status": res.status, "error": err, "starts": res.starts,
                                      "seconds": times[-1]})
+                    if res.status != "certified":  # why no certificate: the refusal's own words
+                        per_seed[-1]["reason"] = res.certificate.reason
                     print(f"  seed {seed}: error {err:.1e}, {res.status}"
                           f"{' (' + res.certificate.kind + ')' if res.status == 'certified' else ''}, {times[-1]:.1f} s",
                           file=sys.stderr, flush=True)
