@@ -60,8 +60,8 @@ class Result:
     - `starts`: random starts tried (0 when the start was given or from the closed form)
     - `balanced`: True when X was moved along its orbit to the smallest-norm point
       (:func:`solver.symmetry.balance_orbit`): after a refused first attempt, which is then
-      retried (dn <= ``BALANCE_UP_FRONT_MIN``), or up front (``BALANCE_UP_FRONT_MIN`` < dn <= ``DENSE_MAX``);
-      only for a continuous group of dimension at most ``BALANCE_MAX_DIM``
+      retried (dn <= ``BALANCE_UP_FRONT_MIN``), or up front (dn > ``BALANCE_UP_FRONT_MIN``, on the
+      matrix-free sizes too); only for a continuous group of dimension at most ``BALANCE_MAX_DIM``
     """
 
     X: np.ndarray
@@ -266,7 +266,10 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     floor_iters = 30 if problem.d * problem.n <= DENSE_MAX else 5
     balanced = False
     k_group = sym.lie_algebra.shape[0]
-    can_balance = 0 < k_group <= BALANCE_MAX_DIM and problem.d * problem.n <= DENSE_MAX
+    # at every dn: balancing acts on d x n arrays and a k-dimensional group only. Above DENSE_MAX it was
+    # not tried until one head (32, 128) showed the cost: the closed form's far representatives (M
+    # 1.5e9, seed 1) failed the interval-Jacobian certificate on 3 of 5 seeds
+    can_balance = 0 < k_group <= BALANCE_MAX_DIM
 
     def balanced_point(Z):
         """The orbit's smallest-norm point, or None where it is not 1% smaller than Z."""
