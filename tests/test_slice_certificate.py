@@ -181,7 +181,7 @@ def test_far_orbit_representative_is_balanced_on_the_matrix_free_sizes_too(monke
     monkeypatch.setattr(solver.certificate, "JACOBIAN_CERT_MAX", 0)
     problem, X_true = planted_instance(32, 128, seed=1, heads=1)
     res = recover(problem, certify=False, validate=False, max_iter=60)
-    assert res.balanced and res.status == "uncertified"
+    assert res.balanced  # (the status is left open: the local Newton certificate is still tried)
     assert np.linalg.norm(res.X) <= 1.01 * np.linalg.norm(X_true)
     assert distance_to_orbit(problem, res.X, X_true) <= 1e-10
 
@@ -190,7 +190,7 @@ def test_far_orbit_representative_is_balanced_on_the_matrix_free_sizes_too(monke
 def test_recover_certifies_one_head_32_128_after_balancing():
     """The same instance with its certificate: refused before balancing reached dn > DENSE_MAX
     (interval-Jacobian: lambda_min >= -4.65e-10 on the box), certified after (bound 8.4e-12), and
-    rechecked. About 7 min on one core."""
+    rechecked. About 4 min on a core shared with two other runs."""
     problem, X_true = planted_instance(32, 128, seed=1, heads=1)
     res = recover(problem, certify=True, validate=False, max_iter=60)
     assert res.status == "certified" and res.balanced and res.certificate.kind == "interval-jacobian"
