@@ -41,8 +41,7 @@ def accuracy(args):
 
         solver.certificate.SLICE_CERT_MAX = args.slice_cert_max
     rows = []
-    seeds = (args.seeds if args.seeds
-             else list(range(args.seed_start, args.seed_start + args.instances)))
+    seeds = args.seeds or list(range(args.seed_start, args.seed_start + args.instances))
     if not seeds:
         raise SystemExit("accuracy: no seeds (--instances 0 or an empty --seeds)")
     families = [("attention, 2 heads", dict(heads=2)), ("attention, 1 head", dict(heads=1)),
