@@ -268,12 +268,14 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     module docstring), or ``(None, why not)``.
 
     Polishes X to ``X + dX`` (up to ``POLISH_STEPS`` Newton steps on the slice: float64 Hessian, 320-bit ball
-    gradient), then tries boxes around ``X + dX`` of half-width ``s max(1, ||X||_max)`` for ``s`` in
-    ``box_scales`` (a larger box allows a larger gradient, a smaller one a tighter Hessian
-    enclosure) until :func:`proofs_check.rigorous.slice_theorem` holds. The scales step by one
-    decade near the first: one head (32, 64), seed 102 (lambda_min 2.3e-13 on the slice) has
-    ``l r`` 3.4x short of ``||grad||`` at 1e-20 and an enclosure that is not positive definite at
-    1e-16; between the two it certifies.
+    gradient) until the slice gradient is 8x below ``lam`` times the smallest box (and below
+    1e-30 max(1, ||X||_max)), then tries boxes around ``X + dX`` of half-width ``s max(1, ||X||_max)``
+    for ``s`` in ``box_scales`` (a larger box allows a larger gradient, a smaller one a tighter
+    Hessian enclosure) until :func:`proofs_check.rigorous.slice_theorem` holds. One head (32, 64),
+    seed 102 (lambda_min 2.3e-13 on the slice) shows both limits: its enclosure is not positive
+    definite at 1e-18, and with the polish stopped at 1e-30 its gradient (2.8e-32) was above
+    ``l r`` at 1e-20 and 1e-19 on one machine and below it at 1e-20 on another. Polished to 2.6e-37
+    it certifies at 1e-20.
     """
     from proofs_check.region import Region
     from proofs_check.rigorous import gradient_enclosure, jacobian_slice_bounds, slice_bounds, slice_theorem
@@ -307,14 +309,20 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
         return None, f"the Hessian on the slice is not positive definite at X (lambda_min {lam:.3e})"
     # dX is itself a double-double (hi, lo), summed with TwoSum: a float64 dX put a floor of about
     # ||H|| ulp(dX) under the gradient (one head (16, 32), seed 128: 5e-27, against the 1.6e-27 its
-    # box allows, and no certificate). Each step gains about cond(Hs) eps; stop when one gains < 2x.
+    # box allows, and no certificate). Each step gains about cond(Hs) eps; stop when one gains < 2x,
+    # or once the gradient is 8x below what the smallest box allows (l r > ||grad||, with l ~ lam) and
+    # below 1e-30 max(1, ||X||_max). The 1e-30 alone was not enough where lam is tiny: one head
+    # (32, 64), seed 102 (lam 2.3e-13) stopped at 2.8e-32, above the 1.4e-33 of its smallest box and
+    # the 1.0e-32 of the next; certified or refused depended on the machine's rounding.
+    scale = max(1.0, float(np.abs(X).max()))
+    g_target = min(1e-30, lam * box_scales[0] / 8) * scale
     dX = np.zeros((2, d, n))
     g_prev = math.inf
     for _ in range(POLISH_STEPS):
         mid, _ = gradient_enclosure(problem, X, dX)
         gz = P.T @ mid.reshape(-1)
         g = float(np.linalg.norm(gz))
-        if g <= 1e-30 * max(1.0, float(np.abs(X).max())) or not g < g_prev / 2:
+        if g <= g_target or not g < g_prev / 2:
             break
         g_prev = g
         step = -(P @ np.linalg.solve(Hs, gz)).reshape(d, n)
@@ -326,7 +334,6 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
         # issue what it would reject (a 4-head MiniLM-like layer, dn = 2880: ||dX|| = 1.8e-6)
         return None, (f"the polish moved X by ||dX|| = {moved:.1e} > {POLISH_MAX_REL:g} max(1, ||X||): X is not at the "
                       "critical point to float64 accuracy")
-    scale = max(1.0, float(np.abs(X).max()))
     tried = []
     for s in box_scales:
         b = (jacobian_slice_bounds if jacobian else slice_bounds)(problem, X, dX, P, s * scale)
