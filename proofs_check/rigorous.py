@@ -458,17 +458,23 @@ def jacobian_slice_enclosure(problem, X, dX, P, box_radius: float):
     ``||hess S_rj||_2 <= 2 ||W||_2``; so ``||E||_2 <= sum |R_rc| f_rc (3 (||P||_2 + ||q_r||)^2 +
     4 ||W||_2)``, the 2-norms bounded by `midrad.two_norm_upper`.
     """
+    heads, e2 = _jacobian_slice_setup(problem, X, dX, P, box_radius)
+    blocks = [ball for _, ball in _jacobian_slice_rows(heads, P, X.shape[1])]
+    A = blocks[0] if len(blocks) == 1 else (np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks]))
+    return A, e2
+
+
+def _jacobian_slice_setup(problem, X, dX, P, box_radius: float):
+    """`jacobian_slice_enclosure`'s per-head balls, from which the rows of ``J P`` are built:
+    a list of ``(K, Pc, Qc)`` (softmax Jacobians ``(n, n, n)``, columns ``p_j`` and ``q_r``, each
+    ``(d, n)``), and the remainder bound ``e2``. The arb part of the computation (n^2 entries)."""
     d, n = X.shape
-    k = P.shape[1]
-    P = np.asarray(P, np.float64)
-    Pr = np.ascontiguousarray(P.reshape(d, n, k).transpose(1, 0, 2))  # [r]: the rows (a, r) of P, (d, k)
-    Pflat = P.reshape(d, n * k)
     prec = flint.ctx.prec
     flint.ctx.prec = max(prec, 128)
     try:
         Xa = _arb_point(X, dX, box_radius)
         ones = np.ones((1, n), dtype=object)
-        blocks, e2 = [], 0.0
+        heads, e2 = [], 0.0
         for h in range(problem.heads):
             Wa, ua, Ba = _arb_array(problem.W[h]), _arb_array(problem.U[h]), _arb_array(problem.B[h])
             _, Fa = _attention(Xa, Wa, ua, _arb_exp)
@@ -476,15 +482,7 @@ def jacobian_slice_enclosure(problem, X, dX, P, box_radius: float):
             R = midrad.from_arb(Fa - Ba)
             Pc = midrad.from_arb(Wa @ Xa)                       # columns p_j = W x_j
             Qc = midrad.from_arb(Wa.T @ Xa + ua[:, None] @ ones)  # columns q_r = W^T x_r + u
-            K = _softmax_jacobian_balls(F)
-            T = midrad.matmul(K, midrad.transpose(Pc))           # (n, n, d): K_r P^T
-            A1 = midrad.matmul(T, (Pr, None))                    # (n, n, k)
-            Z = midrad.matmul(midrad.transpose(Qc), (Pflat, None))
-            Z = (Z[0].reshape(n, n, k), Z[1].reshape(n, n, k))   # [r, k', :] = q_r^T P_k'
-            A2 = midrad.matmul(K, Z)
-            Ah = midrad.add(A1, A2)
-            del A1, A2, Z, T  # the (n, n, k) temporaries: the memory peak is a handful of them
-            blocks.append((Ah[0].reshape(n * n, k), Ah[1].reshape(n * n, k)))
+            heads.append((_softmax_jacobian_balls(F), Pc, Qc))
             # the second-order remainder on the box
             pn = midrad.two_norm_upper(Pc)
             qmag = midrad.magnitude(Qc)
@@ -494,8 +492,35 @@ def jacobian_slice_enclosure(problem, X, dX, P, box_radius: float):
             e2 += float(midrad.up(np.sum(midrad.magnitude(R) * midrad.magnitude(F) * c[:, None]), n * n + 4))
     finally:
         flint.ctx.prec = prec
-    A = blocks[0] if len(blocks) == 1 else (np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks]))
-    return A, float(midrad.up(e2, problem.heads + 1))
+    return heads, float(midrad.up(e2, problem.heads + 1))
+
+
+def _jacobian_slice_rows(heads, P, n: int, rows_per_block: int | None = None):
+    """The balls of ``J P`` by blocks of attention rows: yields ``(rows, ball)``, ``rows`` the
+    slice of stacked rows ``(h, r, c)`` that ``ball`` (``(len(rows), k)``) holds; ``rows_per_block``
+    attention rows r at a time (None: all n). Each block is the same ball arithmetic as the whole
+    (`midrad.matmul`'s rounding bound depends on the inner dimension only)."""
+    d = P.shape[0] // n
+    k = P.shape[1]
+    P = np.asarray(P, np.float64)
+    Pr = np.ascontiguousarray(P.reshape(d, n, k).transpose(1, 0, 2))  # [r]: the rows (a, r) of P, (d, k)
+    Pflat = P.reshape(d, n * k)
+    step = n if rows_per_block is None else max(1, int(rows_per_block))
+    for h, (K, Pc, Qc) in enumerate(heads):
+        PcT, QcT = midrad.transpose(Pc), midrad.transpose(Qc)
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            Kb = (K[0][r0:r1], K[1][r0:r1])
+            T = midrad.matmul(Kb, PcT)                                  # (rb, n, d): K_r P^T
+            A1 = midrad.matmul(T, (Pr[r0:r1], None))                    # (rb, n, k)
+            Z = midrad.matmul((QcT[0][r0:r1], QcT[1][r0:r1]), (Pflat, None))
+            Z = (Z[0].reshape(r1 - r0, n, k), Z[1].reshape(r1 - r0, n, k))  # [r, k', :] = q_r^T P_k'
+            A2 = midrad.matmul(Kb, Z)
+            del T, Z
+            Ah = midrad.add(A1, A2)
+            del A1, A2  # the (rb, n, k) temporaries: the memory peak is a handful of them
+            base = h * n * n
+            yield slice(base + r0 * n, base + r1 * n), (Ah[0].reshape(-1, k), Ah[1].reshape(-1, k))
 
 
 def sigma_min_sq_lower(A) -> tuple[float, dict]:
@@ -532,23 +557,50 @@ SIGMA_GRAM_EPRIME_MAX = 1e-3  # ||E||_F above which V from the Gram matrix is re
 
 def _sigma_min_sq_with(A, V) -> tuple[float, dict]:
     """`sigma_min_sq_lower`'s bound for a given (k, k) V."""
-    Cm, Cr = midrad.matmul(A, (V, None))
-    m = Cm.shape[0]
-    Gm = Cm.T @ Cm  # (NumPy calls BLAS syrk here: half a product's flops)
+    return _sigma_min_sq_with_blocks(lambda: iter([A]), V)
+
+
+def _sigma_min_sq_with_blocks(blocks, V, on_block=None) -> tuple[float, dict]:
+    """`_sigma_min_sq_with` for a ball A given by row blocks: ``blocks()`` returns a fresh iterator
+    over them, each a ball ``(m_b, k)`` or a pair ``(rows, ball)`` (then ``on_block(rows, ball)`` is
+    called on each). ``Gm`` and the column sums of ``Cm^2`` and ``Cr^2`` are accumulated block by
+    block: sums of the same m terms in another order, so the same a-priori rounding bounds hold
+    (Higham's ``gamma_m`` holds for any summation order). Memory: a few (k, k) arrays and one block."""
+    k = V.shape[0]
+    Gm = np.zeros((k, k))
+    c_cols, r_cols = np.zeros(k), np.zeros(k)
+    m = 0
+    for item in blocks():
+        if len(item) == 2 and isinstance(item[0], slice):
+            rows, blk = item
+            if on_block is not None:
+                on_block(rows, blk)
+        else:
+            blk = item
+        Cm, Cr = midrad.matmul(blk, (V, None))
+        np.add(Gm, Cm.T @ Cm, out=Gm)  # (NumPy calls BLAS syrk here: half a product's flops)
+        c_cols += np.sum(Cm * Cm, axis=0)
+        r_cols += np.sum(Cr * Cr, axis=0)
+        m += Cm.shape[0]
+        del Cm, Cr
     D = np.diag(Gm).copy()
     info = {"gram_diag_min": float(D.min())}
     if not np.all(D > 0):
         return -math.inf, info
     off = np.abs(Gm)
+    del Gm
     np.fill_diagonal(off, 0.0)
     s_lo = np.sqrt(D) * (1.0 - 4.0 * midrad.U)  # <= sqrt(D): sqrt and the product each round by <= u
     d_lo = s_lo * s_lo * (1.0 - 4.0 * midrad.U)  # <= D
-    e_off = midrad.norm_upper((midrad.up(off / (s_lo[:, None] * s_lo[None, :]), 4), None))
+    off /= s_lo[:, None]
+    off /= s_lo[None, :]
+    e_off = midrad.norm_upper((midrad.up(off, 4), None))
+    del off
 
-    def scaled_sq_norm(M):  # upper bound on ||M D^(-1/2)||_F^2
-        return float(midrad.up(np.sum(midrad.up(np.sum(M * M, axis=0), m + 1) / d_lo), M.shape[1] + 4))
+    def scaled_sq_norm(col_sums):  # upper bound on ||M D^(-1/2)||_F^2 from M's column sums of squares
+        return float(midrad.up(np.sum(midrad.up(col_sums, m + 1) / d_lo), k + 4))
 
-    c2, r2 = scaled_sq_norm(Cm), scaled_sq_norm(Cr)
+    c2, r2 = scaled_sq_norm(c_cols), scaled_sq_norm(r_cols)
     gamma = 1.03 * (m + 1) * midrad.U  # >= gamma_m, as in midrad.matmul
     e_rad = flint.arb(gamma) * c2 + 2 * (flint.arb(c2) * r2).sqrt() + r2
     e = float((flint.arb(e_off) + e_rad).upper())
@@ -561,7 +613,43 @@ def _sigma_min_sq_with(A, V) -> tuple[float, dict]:
     return float(lo.lower()), info
 
 
-def jacobian_slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
+def sigma_min_sq_lower_streamed(blocks, k: int, on_block=None) -> tuple[float, dict]:
+    """`sigma_min_sq_lower` for a ball A too large to hold: ``blocks()`` returns a fresh iterator over
+    ``(rows, ball)`` row blocks of A (called twice: once for the midpoint's Gram matrix, whose ``eigh``
+    gives V, once for the bound; ``on_block`` sees each block of the second pass). V comes from
+    ``eigh`` only: the SVD fallback of `sigma_min_sq_lower` needs A whole, so where the Gram
+    matrix's V is too inaccurate the bound is ``-inf`` (``info["V_from"]`` says ``eigh``)."""
+    G = np.zeros((k, k))
+    for _, (Am, _) in blocks():
+        np.add(G, Am.T @ Am, out=G)
+    V = np.linalg.eigh(G)[1]
+    del G
+    s2, info = _sigma_min_sq_with_blocks(blocks, V, on_block)
+    info["V_from"] = "eigh"
+    return s2, info
+
+
+JACOBIAN_BLOCK_BYTES = 1 << 30  # per row block of J P when it is streamed (about 12 (rb n, k) float64 arrays)
+
+
+def jacobian_streaming_plan(problem, k: int, budget: float) -> tuple[int | None, float]:
+    """How `jacobian_slice_bounds` holds ``J P`` (``H n^2`` rows, k columns) in ``budget`` bytes:
+    ``(None, bytes)`` whole (about 12 arrays of its size: measured 10 at (32, 64)), or
+    ``(rows_per_block, bytes)`` streamed by blocks of attention rows (a block of about
+    ``JACOBIAN_BLOCK_BYTES`` plus about 7 (k, k) arrays: the Gram matrix, its eigenvectors, eigh's
+    work, ``Gm`` and its scaled copy), or ``(0, bytes)`` when neither fits (the streamed need)."""
+    n = problem.n
+    whole = 12 * 8 * problem.heads * n * n * k
+    if whole <= budget:
+        return None, float(whole)
+    per_row = 12 * 8 * n * k
+    rows = max(1, min(n, JACOBIAN_BLOCK_BYTES // per_row))
+    streamed = float(rows * per_row + 7 * 8 * k * k)
+    return (rows if streamed <= budget else 0), streamed
+
+
+def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_block: int | None = None,
+                          on_block=None) -> dict:
     """`slice_bounds` for large dn, without a ball Hessian: the same keys (``g_up``, ``s_P``,
     ``l_lower``, ``dX_inf``, ``dX_2``, ``box_radius``), with ``l_lower`` from the Gauss-Newton
     split ``P^T hess L P >= (J P)^T (J P) - ||E||_2 ||P||^2`` (the regulariser's ``P^T diag(Gamma^2)
@@ -569,12 +657,38 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
 
     Costs a few (n^2 H, k) x (k, k) float64 products instead of dn ball HVPs: at exact fits, where
     ``||E||`` is at the rounding level of B, this is as tight as the ball Hessian.
+
+    ``rows_per_block`` (see `jacobian_streaming_plan`): None holds ``J P`` whole (returned as
+    ``jacobian_mid``); an integer streams it by that many attention rows at a time and never holds
+    it (`sigma_min_sq_lower_streamed`: no ``jacobian_mid``, no SVD fallback), for one head at
+    (64, 128), where it is 1 GiB a copy. ``on_block(rows, ball)``, where given, sees every block of
+    ``J P`` that the bound uses (the whole as one block when it is held), for an independent check.
     """
     P = np.asarray(P, np.float64)
     X = np.asarray(X, np.float64)
     dX = np.asarray(dX, np.float64)
-    A, e2 = jacobian_slice_enclosure(problem, X, dX, P, float(box_radius))
-    s2, info = sigma_min_sq_lower(A)
+    k = P.shape[1]
+    rad_sq = flint.arb(0)
+    out = {}
+    if rows_per_block is None:
+        A, e2 = jacobian_slice_enclosure(problem, X, dX, P, float(box_radius))
+        if on_block is not None:
+            on_block(slice(0, A[0].shape[0]), A)
+        s2, info = sigma_min_sq_lower(A)
+        out = {"jacobian_mid": A[0], "jacobian_rad_norm": midrad.norm_upper((A[1], None))}
+        del A
+    else:
+        heads, e2 = _jacobian_slice_setup(problem, X, dX, P, float(box_radius))
+
+        def seen(rows, ball):
+            nonlocal rad_sq
+            rad_sq += flint.arb(midrad.norm_upper((ball[1], None))) ** 2
+            if on_block is not None:
+                on_block(rows, ball)
+
+        s2, info = sigma_min_sq_lower_streamed(lambda: _jacobian_slice_rows(heads, P, X.shape[1], rows_per_block), k,
+                                               seen)
+        out = {"jacobian_rad_norm": float(rad_sq.sqrt().upper()), "rows_per_block": int(rows_per_block)}
     dn = P.shape[0]
     s_P = float((1 + flint.arb(midrad.orthonormality_defect(P))).sqrt().upper())
     mid, rad = gradient_enclosure(problem, X, dX)
@@ -584,4 +698,4 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float) -> dict:
     dX_inf, dX_2 = correction_stats(dX, X.shape)
     return {"g_up": g_up, "s_P": s_P, "l_lower": l_lower, "dX_inf": dX_inf,
             "dX_2": dX_2, "box_radius": float(box_radius), "sigma_min_sq_lower": s2,
-            "hessian_remainder": e2, **info, "jacobian_mid": A[0], "jacobian_rad_norm": midrad.norm_upper((A[1], None))}
+            "hessian_remainder": e2, **info, **out}

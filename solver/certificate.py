@@ -65,11 +65,15 @@ FIT_RTOL = 1e-8  # relative residual up to which a certified critical point is s
 # interval-Jacobian one, 55-58x faster at (8, 32) and 70-74x at (16, 32) with lambda_min bounds within 0.3%
 # (benchmarks/certificate_bench.py)
 SLICE_CERT_MAX = 128
-JACOBIAN_CERT_MAX = 4096  # dn up to which the interval-Jacobian certificate is tried (above SLICE_CERT_MAX)
+# dn up to which the interval-Jacobian certificate is tried (above SLICE_CERT_MAX); above 4096 it streams
+# J P (proofs_check.rigorous.jacobian_streaming_plan): one head (64, 128), dn = 8192, about 8 min and 4.8 GB
+JACOBIAN_CERT_MAX = 8192
 # and only when its float64 balls fit in this many bytes (None: solver.memory's host budget, the smaller
 # of 8 GiB and 3/4 of the free memory); the peak is about 10 arrays of H n^2 (dn - k) (measured at
 # (32, 64), 644 MiB), estimated as 12
 JACOBIAN_CERT_BYTES = None
+DENSE_HESSIAN_MAX = 4096  # dn up to which the slice certificate's P^T H P comes from the dense Hessian
+HVP_BLOCK = 256  # HVPs at a time above it
 RIGOROUS_GRADIENT_MAX = 20000  # dn up to which the gradient norm is bounded in ball arithmetic (about 1 s at 2048)
 
 
@@ -262,6 +266,24 @@ def slice_basis(problem: Problem, X, sym) -> np.ndarray:
     return np.linalg.qr(T, mode="complete")[0][:, T.shape[1]:]
 
 
+def _slice_hessian(problem: Problem, X, P) -> np.ndarray:
+    """``P^T hess L(X) P`` in float64: from the dense Hessian up to dn = ``DENSE_HESSIAN_MAX``, above
+    it from blocks of ``HVP_BLOCK`` generated HVPs against P's columns (the dense kernel peaked at
+    12.3 GB at dn = 8192, one head (64, 128); by blocks the peak is ``H P``, the size of P)."""
+    dn, k = P.shape
+    if dn <= DENSE_HESSIAN_MAX:
+        return P.T @ np.asarray(problem.hessian(X), np.float64).reshape(dn, dn) @ P
+    import jax
+
+    d, n = problem.d, problem.n
+    hvps = jax.jit(jax.vmap(lambda V: problem.hvp(X, V)))
+    HP = np.empty_like(P)
+    for j in range(0, k, HVP_BLOCK):
+        V = np.ascontiguousarray(P[:, j:j + HVP_BLOCK].T).reshape(-1, d, n)
+        HP[:, j:j + HVP_BLOCK] = np.asarray(hvps(V), np.float64).reshape(len(V), dn).T
+    return P.T @ HP
+
+
 def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
                       box_scales=(1e-20, 1e-19, 1e-18, 1e-16, 1e-12)) -> tuple[Certificate | None, str]:
     """The ``interval-hessian`` certificate at X (``interval-jacobian`` above ``SLICE_CERT_MAX``; see the
@@ -287,13 +309,16 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     jacobian = d * n > SLICE_CERT_MAX
     if d * n > JACOBIAN_CERT_MAX:
         return None, f"the interval-Hessian / -Jacobian certificates are not tried above dn = {JACOBIAN_CERT_MAX} (dn = {d * n})"
+    rows_per_block = None
     if jacobian:
+        from proofs_check.rigorous import jacobian_streaming_plan
+
         from .memory import GIB, available_bytes
 
         budget = JACOBIAN_CERT_BYTES if JACOBIAN_CERT_BYTES is not None else min(8 * GIB, 0.75 * available_bytes())
-        need = 12 * 8 * problem.heads * n * n * d * n
-        if need > budget:
-            return None, (f"the interval-Jacobian certificate would need about {need / GIB:.1f} GiB "
+        rows_per_block, need = jacobian_streaming_plan(problem, d * n, budget)
+        if rows_per_block == 0:
+            return None, (f"the interval-Jacobian certificate would need about {need / GIB:.1f} GiB, even streamed "
                           f"(more than the {budget / GIB:.1f} GiB budget)")
     X = np.asarray(X, np.float64)
     fit_tol = exact_fit_tolerance(problem)
@@ -302,7 +327,7 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
         return None, (f"the interval-Hessian certificate is for exact fits: the loss at X is {loss:.3e} > {fit_tol:.1e} "
                       "(a strict local minimiser that does not reproduce the maps is not a recovery)")
     P = slice_basis(problem, X, sym)
-    Hs = P.T @ np.asarray(problem.hessian(X), np.float64).reshape(d * n, d * n) @ P
+    Hs = _slice_hessian(problem, X, P)
     Hs = (Hs + Hs.T) / 2
     lam = float(np.linalg.eigvalsh(Hs)[0])
     if not lam > 0:
@@ -336,8 +361,12 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
                       "critical point to float64 accuracy")
     tried = []
     for s in box_scales:
-        b = (jacobian_slice_bounds if jacobian else slice_bounds)(problem, X, dX, P, s * scale)
-        b.pop("jacobian_mid" if jacobian else "hessian_mid")
+        if jacobian:
+            b = jacobian_slice_bounds(problem, X, dX, P, s * scale, rows_per_block=rows_per_block)
+            b.pop("jacobian_mid", None)
+        else:
+            b = slice_bounds(problem, X, dX, P, s * scale)
+            b.pop("hessian_mid")
         th = slice_theorem(b)
         tried.append(f"box {b['box_radius']:.1e}: lambda_min >= {b['l_lower']:.2e}, ||grad|| <= {b['g_up']:.1e}")
         if not th["certified"] and not (b["l_lower"] > 0 and b["l_lower"] * th["slice_radius"] <= b["g_up"]):
