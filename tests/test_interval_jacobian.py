@@ -260,7 +260,8 @@ def test_streamed_jacobian_bound_agrees_with_the_whole_and_sees_every_row_once(f
 
 
 def test_a_streamed_certificate_is_issued_and_rechecked_whole_and_streamed(forced, monkeypatch):
-    """The budget below the whole J P's need and above the streamed one: slice_certificate streams;
+    """The budget below the whole J P's need and above the streamed one: slice_certificate streams
+    (with the slice Hessian from HVP blocks, as at dn > 4096);
     recheck, holding J P whole or streaming it too, accepts the certificate, and rejects it when the
     reference Jacobian differs (the block-by-block comparison is live)."""
     import proofs_check.rigorous as rig
@@ -272,6 +273,7 @@ def test_a_streamed_certificate_is_issued_and_rechecked_whole_and_streamed(force
     rows, need = rig.jacobian_streaming_plan(problem, dn, 12 * 8 * problem.n**2 * dn - 1)
     assert rows == 3 and need < 12 * 8 * problem.n**2 * dn
     monkeypatch.setattr(certmod, "JACOBIAN_CERT_BYTES", need)
+    monkeypatch.setattr(certmod, "DENSE_HESSIAN_MAX", 0)  # and P^T H P from HVP blocks: dn = 8192's path
     cert, why = slice_certificate(problem, X, sym, None, iterations=0)
     assert cert is not None, why
     assert cert.constants["rows_per_block"] == 3 and "jacobian_mid" not in cert.constants
