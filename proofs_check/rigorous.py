@@ -557,26 +557,22 @@ SIGMA_GRAM_EPRIME_MAX = 1e-3  # ||E||_F above which V from the Gram matrix is re
 
 def _sigma_min_sq_with(A, V) -> tuple[float, dict]:
     """`sigma_min_sq_lower`'s bound for a given (k, k) V."""
-    return _sigma_min_sq_with_blocks(lambda: iter([A]), V)
+    return _sigma_min_sq_with_blocks(lambda: iter([(slice(0, A[0].shape[0]), A)]), V)
 
 
 def _sigma_min_sq_with_blocks(blocks, V, on_block=None) -> tuple[float, dict]:
     """`_sigma_min_sq_with` for a ball A given by row blocks: ``blocks()`` returns a fresh iterator
-    over them, each a ball ``(m_b, k)`` or a pair ``(rows, ball)`` (then ``on_block(rows, ball)`` is
-    called on each). ``Gm`` and the column sums of ``Cm^2`` and ``Cr^2`` are accumulated block by
+    over ``(rows, ball)`` pairs, ``ball`` the rows ``rows`` of A (``on_block(rows, ball)``, where
+    given, is called on each). ``Gm`` and the column sums of ``Cm^2`` and ``Cr^2`` are accumulated block by
     block: sums of the same m terms in another order, so the same a-priori rounding bounds hold
     (Higham's ``gamma_m`` holds for any summation order). Memory: a few (k, k) arrays and one block."""
     k = V.shape[0]
     Gm = np.zeros((k, k))
     c_cols, r_cols = np.zeros(k), np.zeros(k)
     m = 0
-    for item in blocks():
-        if len(item) == 2 and isinstance(item[0], slice):
-            rows, blk = item
-            if on_block is not None:
-                on_block(rows, blk)
-        else:
-            blk = item
+    for rows, blk in blocks():
+        if on_block is not None:
+            on_block(rows, blk)
         Cm, Cr = midrad.matmul(blk, (V, None))
         np.add(Gm, Cm.T @ Cm, out=Gm)  # (NumPy calls BLAS syrk here: half a product's flops)
         c_cols += np.sum(Cm * Cm, axis=0)

@@ -38,7 +38,9 @@ Above ``SLICE_CERT_MAX`` (up to ``JACOBIAN_CERT_MAX``) the same theorem is issue
 (``(J P)^T (J P)`` minus a bound on the residual-weighted second-order term), with ``J P`` enclosed
 in float64 midpoint-radius arithmetic with a-priori rounding bounds
 (:func:`proofs_check.rigorous.jacobian_slice_bounds`): dn ball HVPs in arb would take hours at
-dn = 2048.
+dn = 2048. Where ``J P`` does not fit the memory budget whole (one head (64, 128): 1 GiB a copy,
+about 12.8 GB for the whole path) it is streamed by blocks of attention rows and never held
+(:func:`proofs_check.rigorous.jacobian_streaming_plan`; ``constants["rows_per_block"]``).
 
 The numbers are float64 evaluations with stated rounding margins
 (``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
@@ -65,12 +67,13 @@ FIT_RTOL = 1e-8  # relative residual up to which a certified critical point is s
 # interval-Jacobian one, 55-58x faster at (8, 32) and 70-74x at (16, 32) with lambda_min bounds within 0.3%
 # (benchmarks/certificate_bench.py)
 SLICE_CERT_MAX = 128
-# dn up to which the interval-Jacobian certificate is tried (above SLICE_CERT_MAX); above 4096 it streams
-# J P (proofs_check.rigorous.jacobian_streaming_plan): one head (64, 128), dn = 8192, about 8 min and 4.8 GB
+# dn up to which the interval-Jacobian certificate is tried (above SLICE_CERT_MAX); where J P does not fit
+# the budget below whole it is streamed (proofs_check.rigorous.jacobian_streaming_plan): one head (64, 128),
+# dn = 8192, seed 0: the certificate 7 of recover's 8.5 min (peak 5.7 GB), recheck 7.5 min (6.2 GB)
 JACOBIAN_CERT_MAX = 8192
-# and only when its float64 balls fit in this many bytes (None: solver.memory's host budget, the smaller
-# of 8 GiB and 3/4 of the free memory); the peak is about 10 arrays of H n^2 (dn - k) (measured at
-# (32, 64), 644 MiB), estimated as 12
+# and only when its float64 balls fit in this many bytes, whole or streamed (None: solver.memory's host
+# budget, the smaller of 8 GiB and 3/4 of the free memory); the whole path's peak is about 10 arrays of
+# H n^2 (dn - k) (measured at (32, 64), 644 MiB), estimated as 12
 JACOBIAN_CERT_BYTES = None
 DENSE_HESSIAN_MAX = 4096  # dn up to which the slice certificate's P^T H P comes from the dense Hessian
 HVP_BLOCK = 256  # HVPs at a time above it
