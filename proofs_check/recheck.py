@@ -292,7 +292,7 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         P = np.eye(d * n)
     loss, args = _loss_and_args(problem)
     if cert.kind == "interval-jacobian":
-        from solver.memory import GIB, available_bytes
+        from solver.memory import GIB, host_budget
 
         from .rigorous import jacobian_streaming_plan
 
@@ -308,7 +308,7 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
             diff_sq += float(np.sum((ball[0] - JP) ** 2))
             ref_sq += float(np.sum(JP**2))
 
-        rows_per_block, need = jacobian_streaming_plan(problem, d * n, min(8 * GIB, 0.75 * available_bytes()))
+        rows_per_block, need = jacobian_streaming_plan(problem, d * n, host_budget())
         if rows_per_block == 0:
             raise MemoryBudgetError(f"the interval-Jacobian recheck would need about {need / GIB:.1f} GiB, even streamed")
         b = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=rows_per_block, on_block=compare)

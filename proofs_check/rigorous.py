@@ -544,8 +544,7 @@ def sigma_min_sq_lower(A) -> tuple[float, dict]:
     and then V is recomputed from the SVD (``info["V_from"]`` says which).
     """
     Am = A[0]
-    s2, info = _sigma_min_sq_with(A, np.linalg.eigh(Am.T @ Am)[1])
-    info["V_from"] = "eigh"
+    s2, info = sigma_min_sq_lower_streamed(lambda: iter([(slice(0, Am.shape[0]), A)]), Am.shape[1])
     if not info.get("gram_offdiag_rel", math.inf) <= SIGMA_GRAM_EPRIME_MAX:
         s2, info = _sigma_min_sq_with(A, np.linalg.svd(Am, full_matrices=False)[2].T)
         info["V_from"] = "svd"
@@ -664,8 +663,6 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_bloc
     X = np.asarray(X, np.float64)
     dX = np.asarray(dX, np.float64)
     k = P.shape[1]
-    rad_sq = flint.arb(0)
-    out = {}
     if rows_per_block is None:
         A, e2 = jacobian_slice_enclosure(problem, X, dX, P, float(box_radius))
         if on_block is not None:
@@ -675,6 +672,7 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_bloc
         del A
     else:
         heads, e2 = _jacobian_slice_setup(problem, X, dX, P, float(box_radius))
+        rad_sq = flint.arb(0)
 
         def seen(rows, ball):
             nonlocal rad_sq

@@ -316,9 +316,9 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     if jacobian:
         from proofs_check.rigorous import jacobian_streaming_plan
 
-        from .memory import GIB, available_bytes
+        from .memory import GIB, host_budget
 
-        budget = JACOBIAN_CERT_BYTES if JACOBIAN_CERT_BYTES is not None else min(8 * GIB, 0.75 * available_bytes())
+        budget = JACOBIAN_CERT_BYTES if JACOBIAN_CERT_BYTES is not None else host_budget()
         rows_per_block, need = jacobian_streaming_plan(problem, d * n, budget)
         if rows_per_block == 0:
             return None, (f"the interval-Jacobian certificate would need about {need / GIB:.1f} GiB, even streamed "

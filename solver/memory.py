@@ -91,13 +91,17 @@ def device_bytes(device=None) -> int | None:
     return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
 
 
+def host_budget() -> int:
+    """Bytes host (NumPy) work may use: the smaller of 8 GiB and 3/4 of the available host memory."""
+    return int(min(8 * GIB, 0.75 * available_bytes()))
+
+
 def default_budget(device=None) -> int:
-    """Bytes one device may use: its allocator limit on an accelerator, else
-    the smaller of 8 GiB and 3/4 of the available host memory."""
+    """Bytes one device may use: its allocator limit on an accelerator, else `host_budget`."""
     limit = device_bytes(device)
     if limit is not None:
         return int(0.9 * limit)
-    return int(min(8 * GIB, 0.75 * available_bytes()))
+    return host_budget()
 
 
 def instances_per_device(batch: int, devices: int) -> int:
