@@ -343,6 +343,19 @@ def _seed_list(text):
     return seeds
 
 
+def _int_at_least(lo):
+    """argparse type: an integer >= lo (a bad count is a usage error, not a traceback mid-run)."""
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {v}")
+        return v
+    return parse
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["accuracy", "noise", "peers", "roots", "planted-roots"])
@@ -350,18 +363,18 @@ def main(argv=None):
                     help="peers: only the methods whose names contain one of these comma-separated words")
     ap.add_argument("--starts-from", default="algebraic,random",
                     help="peers: which starts, any of algebraic,random (random starts at (32, 64) take long)")
-    ap.add_argument("--starts", type=int, default=12, help="roots: random starts per instance")
-    ap.add_argument("--instances", type=int, default=20)
-    ap.add_argument("--seed-start", type=int, default=0,
+    ap.add_argument("--starts", type=_int_at_least(0), default=12, help="roots: random starts per instance")
+    ap.add_argument("--instances", type=_int_at_least(1), default=20)
+    ap.add_argument("--seed-start", type=_int_at_least(0), default=0,
                     help="accuracy: first seed (seeds seed_start .. seed_start + instances - 1), to split a cell")
     ap.add_argument("--seeds", default=[], type=_seed_list,
                     help="accuracy: comma-separated seeds, instead of --seed-start/--instances (to rerun a cell's misses)")
     ap.add_argument("--sizes", default="4,8,16,32")
-    ap.add_argument("--slice-cert-max", type=int, default=None,
+    ap.add_argument("--slice-cert-max", type=_int_at_least(0), default=None,
                     help="accuracy: largest dn at which the interval-Hessian certificate is tried "
                          "(default solver.certificate.SLICE_CERT_MAX)")
     ap.add_argument("--mults", default="2,4", help="accuracy: n / d ratios (default 2,4)")
-    ap.add_argument("--output-restarts", type=int, default=None,
+    ap.add_argument("--output-restarts", type=_int_at_least(1), default=None,
                     help="accuracy: random starts on the output variant's square system "
                          "(default recover's SQUARE_OUTPUT_RESTARTS)")
     ap.add_argument("--families", default="two,one,output", help="accuracy: any of two,one,output")

@@ -109,3 +109,20 @@ def test_recover_help_states_the_solver_defaults():
     add_arguments(parser)
     text = next(a.help for a in parser._actions if a.dest == "restarts")
     assert f"default: {RESTARTS};" in text and f"{SQUARE_OUTPUT_RESTARTS} for the square" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--output-restarts", "0"], "argument --output-restarts: expected an integer >= 1, got 0"),
+    (["--instances", "-3"], "argument --instances: expected an integer >= 1, got -3"),
+    (["--seed-start", "x"], "argument --seed-start: expected an integer >= 0, got 'x'"),
+    (["--seeds", "1,-2"], "--seeds takes non-negative integers"),
+])
+def test_benchmark_counts_are_checked_before_any_run(args, message):
+    """A bad count is a usage error (exit 2, what is wrong), not a traceback after minutes of runs."""
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "recover_bench.py"
+    out = subprocess.run([sys.executable, str(script), "accuracy", *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
