@@ -188,14 +188,14 @@ def _require_dense_hessian_memory(problem: Problem, dn: int) -> None:
     that is 6.5 GiB.
     """
     from solver.errors import MemoryBudgetError
-    from solver.memory import GIB, available_bytes
+    from solver.memory import GIB, host_budget
 
     need = 8 * (3 * dn * dn + 4 * min(HESSIAN_BLOCK, dn) * problem.heads * problem.n**2)
-    budget = int(0.75 * available_bytes())
+    budget = host_budget()
     if need > budget:
         raise MemoryBudgetError(
             f"recheck forms the dense Hessian: about {need / GIB:.1f} GiB at dn = {dn}, over the "
-            f"{budget / GIB:.1f} GiB available; nothing was allocated")
+            f"host budget of {budget / GIB:.1f} GiB (min(8 GiB, 3/4 of free memory)); nothing was allocated")
 
 
 def _residual_mp(problem: Problem, X, digits: int = 30, dX=None) -> float:
