@@ -44,7 +44,10 @@ about 12.8 GB for the whole path) it is streamed by blocks of attention rows and
 
 The numbers are float64 evaluations with stated rounding margins
 (``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
-proof on a box is ``unmask verify --rigorous``.
+proof on a box is ``unmask verify --rigorous``. Above ``solver.newton.DENSE_MAX`` the local Newton
+certificate's lambda_min is a Lanczos Ritz value less its residual, and it is issued only once
+:func:`prove_lambda_min` has proved that claim on the Hessian formed from HVPs (every eigenvalue up
+to dn = 4096, one shifted Cholesky factorisation above), the test ``recheck`` applies.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from . import newton
 from .newton import LocalConstants, _project_out, extreme_eigenvalues, local_constants
 from .problem import ATTENTION, Problem
 
@@ -153,8 +157,15 @@ def gradient_safety(problem: Problem) -> float:
     return 1.0 if problem.d * problem.n <= RIGOROUS_GRADIENT_MAX else 2.0
 
 
-def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, float, float]:
-    """Local constants at X (fresh evaluation), the off-orbit gradient norm and lambda_min."""
+def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, float, float, str]:
+    """Local constants at X (fresh evaluation), the off-orbit gradient norm, lambda_min, and why the
+    constants are None when a matrix-free lambda_min was not proved ("" otherwise).
+
+    Above ``DENSE_MAX`` lambda_min is a Lanczos Ritz value less its residual: some eigenvalue lies
+    that close, but that it is the smallest rests on the random start (two heads (64, 128), seed 7,
+    once stopped at one that was not). Before such constants are returned, :func:`prove_lambda_min`
+    proves the claim on the dense Hessian, as ``recheck`` does; where it cannot, they are not.
+    """
     from .recover import hessian_lipschitz_on
 
     safety = gradient_safety(problem)
@@ -171,7 +182,146 @@ def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, floa
     floor = math.sqrt(4.0 * safety**2 * hessian_lipschitz_on(problem, X, 0.0) * gn)
     lam0, lam_max, margin = extreme_eigenvalues(problem, X, T, stop_below=floor)
     consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r), safety=safety)
-    return consts, gn, lam0
+    why = ""
+    if consts is not None and problem.d * problem.n > newton.DENSE_MAX:
+        why = prove_lambda_min(problem, X, T, consts.lambda0 - consts.margin)
+        if why:
+            consts = None
+    return consts, gn, lam0, why
+
+
+def hessian_by_hvp_blocks(problem: Problem, X) -> np.ndarray:
+    """The (dn, dn) float64 Hessian of L at X, ``HVP_BLOCK`` generated HVPs against unit vectors at a
+    time, not symmetrised. The dense kernel is far heavier: 8.3 GB at two heads (32, 128), against
+    0.9 GB for recover's whole run by blocks (and 12.3 GB at one head (64, 128))."""
+    dn = problem.d * problem.n
+
+    def units(j, b):
+        E = np.zeros((b, dn))
+        E[np.arange(b), j + np.arange(b)] = 1.0
+        return E
+
+    return _hvp_rows(problem, X, dn, units)
+
+
+def attention_hessian(problem: Problem, X) -> np.ndarray:
+    """The (dn, dn) Hessian of the attention-map loss at X in closed form, by matrix products
+    (row-major vec of X: index ``a n + i`` for feature a, token i); symmetric up to rounding.
+
+    Per head, with ``S = X^T W X + 1 u^T X``, ``f_i`` the softmax of row i, ``r_i = f_i - b_i``,
+    ``J_i = diag f_i - f_i f_i^T``, ``g_i = J_i r_i = f_i o (r_i - f_i^T r_i)`` (the gradient in S) and
+    ``K_i = J_i^2 + diag g_i - f_i g_i^T - g_i f_i^T`` (the Hessian in row i of S: ``J_i^T J_i`` plus
+    the residual-weighted softmax Hessians), ``dS_i = A^T e_i + E^T c_i`` with ``A = W X``,
+    ``c_i = W^T x_i + u``, and ``d^2 S = 2 E^T W E``:
+
+        d^2 L[E, E] = sum_i (e_i^T A K_i A^T e_i + 2 e_i^T A K_i E^T c_i + c_i^T E K_i E^T c_i)
+                      + 2 sum_ij G_ij e_i^T W e_j + ||Gamma o E||^2.
+
+    Token blocks (i, k) of H: ``delta_ik A K_i A^T + (A K_i e_k) c_i^T + c_k (A K_k e_i)^T +
+    sum_j K_j[i, k] c_j c_j^T + G_ik W + G_ki W^T``. The last sum is one (n^2, n) x (n, d^2) product:
+    O(n^3 d^2) flops per head in BLAS-3, where dn generated HVPs cost the same order elementwise
+    (two heads (64, 256): 16384 HVPs took about 250 s). Checked against the generated dense kernel and
+    :func:`hessian_by_hvp_blocks` (``tests/test_interval_jacobian.py``). Memory: H and one (n^2, d^2)
+    product, 2 (dn)^2 floats.
+    """
+    X = np.asarray(X, np.float64)
+    d, n = X.shape
+    idx = np.arange(n)
+    Ht = None  # token blocks Ht[i, k] (d x d), reordered to the vec order at the end
+    for h in range(problem.heads):
+        W = np.asarray(problem.W[h], np.float64)
+        u = np.asarray(problem.U[h], np.float64)
+        B = np.asarray(problem.B[h], np.float64)
+        S = X.T @ W @ X + (u @ X)[None, :]
+        F = np.exp(S - S.max(axis=1, keepdims=True))
+        F /= F.sum(axis=1, keepdims=True)
+        R = F - B
+        rho = np.sum(F * R, axis=1, keepdims=True)
+        G = F * (R - rho)  # rows g_i
+        f2 = F * F
+        ff = np.sum(f2, axis=1)
+        # K[i] = J_i^2 + diag g_i - f_i g_i^T - g_i f_i^T, J_i^2 = diag f^2 - f (f o f)^T - (f o f) f^T + (f.f) f f^T
+        K = (-F[:, :, None] * f2[:, None, :] - f2[:, :, None] * F[:, None, :]
+             + ff[:, None, None] * F[:, :, None] * F[:, None, :]
+             - F[:, :, None] * G[:, None, :] - G[:, :, None] * F[:, None, :])
+        K[:, idx, idx] += f2 + G
+        A = W @ X  # columns a_j = W x_j
+        C = W.T @ X + u[:, None]  # columns c_i = W^T x_i + u
+        # sum_j K_j[i, k] c_j c_j^T: one (n^2, n) x (n, d^2) product, [i, k, a, b]
+        CC = (C.T[:, :, None] * C.T[:, None, :]).reshape(n, d * d)
+        T3 = (K.reshape(n, n * n).T @ CC).reshape(n, n, d, d)
+        if Ht is None:
+            Ht = T3
+        else:
+            Ht += T3
+        del T3
+        AKt = np.matmul(A, K).transpose(0, 2, 1)  # AKt[i, k] = A K_i e_k, (n, n, d)
+        Ht[idx, idx] += np.matmul(AKt.transpose(0, 2, 1), A.T)  # delta_ik A K_i A^T
+        for i in range(n):
+            # (A K_i e_k) c_i^T at block (i, k) and its transpose at (k, i); G_ik W + G_ki W^T
+            Ht[i] += AKt[i][:, :, None] * C[:, i][None, None, :]
+            Ht[:, i] += C[:, i][None, :, None] * AKt[i][:, None, :]
+            Ht[i] += G[i][:, None, None] * W[None] + G[:, i][:, None, None] * W.T[None]
+        del AKt, K
+    Hm = np.ascontiguousarray(Ht.transpose(2, 0, 3, 1)).reshape(d * n, d * n)  # [a, i, b, k]
+    del Ht
+    Hm[np.diag_indices(d * n)] += (np.asarray(problem.Gamma, np.float64) ** 2).reshape(-1)
+    return Hm
+
+
+def prove_lambda_min(problem: Problem, X, T, claim: float) -> str:
+    """Prove ``lambda_min >= claim`` for the Hessian at X on the complement of span T (T orthonormal or
+    None); "" when proved, else why not. The test ``proofs_check.recheck`` applies to a local Newton
+    certificate, on this code's Hessian (:func:`attention_hessian` for attention maps, else
+    :func:`hessian_by_hvp_blocks`): every eigenvalue up to dn = 4096 (with eigh's backward error,
+    10 dn eps ||H||, as margin) where one Cholesky factorisation of ``H - t I``
+    (:func:`proofs_check.rigorous.lambda_min_at_least`, with the same margin for H's own rounding),
+    tried first, does not prove it; above dn = 4096 the factorisation alone.
+    The orbit directions get curvature ``||H||_inf >= lambda_max``, above any valid claim. Memory
+    about three (dn, dn) arrays (6 GiB at dn = 16384), four with orbit directions; refused, not
+    allocated, above the host budget."""
+    from proofs_check.recheck import RECHECK_EIGH_MAX
+    from proofs_check.rigorous import lambda_min_at_least, shift_to_prove
+
+    from .memory import GIB, host_budget, operation_bytes
+
+    dn = problem.d * problem.n
+    attention = problem.variant == ATTENTION
+    # forming H: H and one (n^2, d^2) product (attention maps) or one block of HVPs in flight;
+    # then H, the symmetrisation's (or the orbit restriction's) temporaries and the factorised copy
+    forming = 16 * dn * dn if attention else 8 * dn * dn + HVP_BLOCK * operation_bytes("hvp", problem.d, problem.n, problem.heads)
+    need = max(forming, (3 if T is None or not T.shape[1] else 4) * 8 * dn * dn)
+    if need > host_budget():
+        return (f"lambda_min >= {claim:.3e} (Lanczos) was not proved: the dense Hessian and its factorisation "
+                f"need about {need / GIB:.1f} GiB at dn = {dn}, over the host budget of {host_budget() / GIB:.1f} GiB")
+    if not (math.isfinite(claim) and claim > 0):
+        return f"lambda_min >= {claim:.3e} (Lanczos) is no positive bound"
+    H = attention_hessian(problem, X) if attention else hessian_by_hvp_blocks(problem, X)
+    if not np.all(np.isfinite(H)):
+        return "the dense Hessian has non-finite entries"
+    H += H.T
+    H *= 0.5
+    if T is not None and T.shape[1]:
+        from .newton import _restricted
+
+        H = _restricted(H, T, float(np.max(np.sum(np.abs(H), axis=1))))
+    eps = np.finfo(np.float64).eps
+    # one Cholesky factorisation first (about 10x cheaper than the eigenvalues at dn = 4096); where its
+    # rounding term is too coarse for the claim, every eigenvalue, as recheck takes them, up to 4096
+    margin = 10 * dn * eps * float(np.max(np.sum(np.abs(H), axis=1)))
+    t = shift_to_prove(H, claim + margin)
+    lam = lambda_min_at_least(H, t) if math.isfinite(t) else None
+    if lam is not None and lam - margin >= claim:
+        return ""
+    if dn <= RECHECK_EIGH_MAX:
+        ev = np.linalg.eigvalsh(H)
+        margin = 10 * dn * eps * float(np.max(np.abs(ev)))
+        if ev[0] - margin >= claim:
+            return ""
+        return (f"lambda_min >= {claim:.3e} (Lanczos) was not proved: the dense Hessian's smallest eigenvalue "
+                f"is {ev[0]:.3e} (less its rounding margin {margin:.1e})")
+    return (f"lambda_min >= {claim:.3e} (Lanczos) was not proved: the Cholesky factorisation of H - {t:.3e} I "
+            f"breaks down (it proves lambda_min >= t - {margin:.1e} - a rounding term of about dn u tr H)")
 
 
 def build_certificate(problem: Problem, X, consts_run: LocalConstants | None, sym, validation, iterations: int,
@@ -191,10 +341,11 @@ def build_certificate(problem: Problem, X, consts_run: LocalConstants | None, sy
                            grad_norm=float(np.linalg.norm(g)), error_bound=None, radius=None, constants=None,
                            region=None, validation=validation, iterations=iterations, iteration_bound=None,
                            uniqueness="none claimed", reason=reason)
-    consts, gn, lam0 = final if final is not None else final_constants(problem, X, T)
+    consts, gn, lam0, why = final if final is not None else final_constants(problem, X, T)
     if consts is None:
         return build_certificate(problem, X, None, sym, validation, iterations, status="uncertified",
-                                 reason=f"the final local certificate failed: lambda_min = {lam0:.3e}, ||grad|| = {gn:.3e}")
+                                 reason=f"the final local certificate failed: lambda_min = {lam0:.3e}, ||grad|| = {gn:.3e}"
+                                 + (f"; {why}" if why else ""))
     region = Region.around(problem, X, consts.radius)
     bound = consts_run.iteration_bound if consts_run is not None else None
     return Certificate(
@@ -269,6 +420,24 @@ def slice_basis(problem: Problem, X, sym) -> np.ndarray:
     return np.linalg.qr(T, mode="complete")[0][:, T.shape[1]:]
 
 
+def _hvp_rows(problem: Problem, X, count: int, directions) -> np.ndarray:
+    """``(count, dn)`` rows ``H v`` for the directions ``directions(j, b)`` (a (b, dn) array: rows j ..
+    j + b - 1), ``HVP_BLOCK`` generated HVPs at a time; a short last block is padded with zeros, so
+    there is one compilation."""
+    import jax
+
+    d, n = problem.d, problem.n
+    dn = d * n
+    hvps = jax.jit(jax.vmap(lambda V: problem.hvp(X, V)))
+    out = np.empty((count, dn))
+    for j in range(0, count, HVP_BLOCK):
+        b = min(HVP_BLOCK, count - j)
+        V = np.zeros((HVP_BLOCK, dn))
+        V[:b] = directions(j, b)
+        out[j:j + b] = np.asarray(hvps(V.reshape(HVP_BLOCK, d, n)), np.float64).reshape(HVP_BLOCK, dn)[:b]
+    return out
+
+
 def _slice_hessian(problem: Problem, X, P) -> np.ndarray:
     """``P^T hess L(X) P`` in float64: from the dense Hessian up to dn = ``DENSE_HESSIAN_MAX``, above
     it from blocks of ``HVP_BLOCK`` generated HVPs against P's columns (the dense kernel peaked at
@@ -276,15 +445,7 @@ def _slice_hessian(problem: Problem, X, P) -> np.ndarray:
     dn, k = P.shape
     if dn <= DENSE_HESSIAN_MAX:
         return P.T @ np.asarray(problem.hessian(X), np.float64).reshape(dn, dn) @ P
-    import jax
-
-    d, n = problem.d, problem.n
-    hvps = jax.jit(jax.vmap(lambda V: problem.hvp(X, V)))
-    HP = np.empty_like(P)
-    for j in range(0, k, HVP_BLOCK):
-        V = np.ascontiguousarray(P[:, j:j + HVP_BLOCK].T).reshape(-1, d, n)
-        HP[:, j:j + HVP_BLOCK] = np.asarray(hvps(V), np.float64).reshape(len(V), dn).T
-    return P.T @ HP
+    return P.T @ _hvp_rows(problem, X, k, lambda j, b: P[:, j:j + b].T).T
 
 
 def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,

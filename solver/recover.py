@@ -288,7 +288,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         for lm_tol, iters in ((max(gtol, 1e-6), max_iter), (0.0, floor_iters)):
             X = levenberg_marquardt(problem, X, history, iters, lm_tol, T_fn=orbit)
             T = orbit(X)
-            consts, gn, lam0 = final_constants(problem, X, T)
+            consts, gn, lam0, why = final_constants(problem, X, T)
             if progress is not None:  # (the loss is evaluated for the message only)
                 say(f"LM to {'the rounding floor' if lm_tol == 0.0 else f'gtol {lm_tol:.0e}'}: loss {float(problem.loss(X)):.2e}, "
                     f"||grad|| {gn:.2e}, lambda_min {lam0:.2e}; local Newton certificate "
@@ -352,6 +352,8 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                   f"lambda_min <= 0; it would take ||grad|| <= lambda_min^2 / ({k:g} M) <= {max(lam0, 0.0)**2 / (k * M0):.1e}, "
                   + (f"or an M at least {k * M0 * gn / lam0**2:.1e} times smaller" if lam0 > 1e-150 else
                      "and no M can help while lambda_min <= 0"))
+        if why:  # Lanczos' lambda_min met the condition, but the dense Hessian did not prove it
+            reason = f"the local Newton certificate's {why}"
         if validation is not None and validation["status"] != "OK":
             reason = f"the checker's validation of the M lemma failed on the region: {validation}"
         if slice_reason:
@@ -368,7 +370,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     say("certified Newton phase")
     X, iters = certified_newton(problem, X, consts, history, gtol, T=T)
     cert = build_certificate(problem, X, consts, sym, validation, iterations=iters,
-                             final=(consts, gn, lam0) if iters == 0 else None)
+                             final=(consts, gn, lam0, why) if iters == 0 else None)
     return Result(X=X, status=cert.status, certificate=cert, history=history.as_list(), init=init,
                   symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
                   balanced=balanced)

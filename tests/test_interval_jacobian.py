@@ -397,3 +397,41 @@ def test_a_polish_that_moves_x_too_far_is_refused_not_issued(monkeypatch):
     res = recover(problem, certify=False, validate=False)
     cert, why = slice_certificate(problem, res.X, symmetries(problem), None, iterations=0)
     assert cert is None and "polish moved X" in why
+
+
+def test_hessian_by_hvp_blocks_is_the_dense_kernels(monkeypatch):
+    """The issuer's proof of a matrix-free lambda_min forms H from blocks of generated HVPs on unit
+    vectors: the same matrix as the dense kernel's (blocks of 7, dn = 32: a short last one), and off
+    the minimiser, where H is not a Gauss-Newton matrix."""
+    from solver.certificate import hessian_by_hvp_blocks
+
+    problem, X = planted_instance(4, 8, seed=3, heads=2)
+    X = np.asarray(X) + 0.01 * np.random.default_rng(0).normal(size=X.shape)
+    dense = np.asarray(problem.hessian(X), np.float64).reshape(32, 32)
+    monkeypatch.setattr(certmod, "HVP_BLOCK", 7)
+    blocked = hessian_by_hvp_blocks(problem, X)
+    assert blocked.shape == dense.shape == (32, 32)
+    assert np.linalg.norm(blocked - dense) <= 1e-13 * np.linalg.norm(dense)
+    assert np.linalg.norm(dense - dense.T) <= 1e-13 * np.linalg.norm(dense)
+
+
+@pytest.mark.parametrize("d, n, heads, seed", [(3, 5, 1, 0), (4, 8, 2, 1), (5, 7, 3, 2)])
+def test_closed_form_attention_hessian_is_the_generated_and_the_reference_one(d, n, heads, seed):
+    """attention_hessian (matrix products, O(n^3 d^2)) against the generated dense kernel and
+    jax.hessian of the plain transcription, off the minimiser (a full second-order term), with a key
+    bias u and a regulariser (Gamma, X0): to a few ulps of ||H||."""
+    from solver.certificate import attention_hessian
+    from solver.problem import Problem
+
+    base, X = planted_instance(d, n, seed=seed, heads=heads)
+    rng = np.random.default_rng(seed)
+    for problem in (base, Problem.create(base.W, base.B, u=rng.normal(size=(heads, d)), gamma=0.3,
+                                         X0=rng.normal(size=(d, n)))):
+        Y = np.asarray(X) + 0.1 * rng.normal(size=(d, n))
+        mine = attention_hessian(problem, Y)
+        generated = np.asarray(problem.hessian(Y), np.float64).reshape(d * n, d * n)
+        args = (problem.W, problem.U, problem.B, problem.Gamma, problem.X0)
+        reference = np.asarray(jax.hessian(ref.attention_loss)(Y, *args)).reshape(d * n, d * n)
+        scale = np.linalg.norm(reference)
+        assert np.linalg.norm(mine - generated) <= 1e-14 * scale
+        assert np.linalg.norm(mine - reference) <= 1e-14 * scale

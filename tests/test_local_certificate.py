@@ -16,7 +16,7 @@ import proofs_check.recheck as recheck_module
 from proofs_check import reference as ref
 from proofs_check.recheck import recheck
 from proofs_check.rigorous import lambda_min_at_least, shift_to_prove
-from solver import CertificateMismatchError, planted_instance
+from solver import CertificateMismatchError, CertificationError, planted_instance
 from solver.recover import recover
 
 
@@ -149,3 +149,56 @@ def test_recheck_proves_lambda_min_by_cholesky_above_the_eigh_size(matrix_free_c
     forged["constants"]["lambda_min"] = 1.5 * by_eigh["lambda_min"] + forged["constants"]["margin"]
     with pytest.raises(CertificateMismatchError, match="lambda_min.*not proved"):
         recheck(forged, problem, res.X)
+
+
+def _forced_matrix_free(monkeypatch, lanczos=None, eigh_max=None):
+    """Two heads (4, 8), seed 1, through the matrix-free branches (DENSE_MAX = 0)."""
+    import solver.newton
+    from proofs_check import recheck as recheck_mod
+
+    monkeypatch.setattr(solver.newton, "DENSE_MAX", 0)
+    if lanczos is not None:
+        monkeypatch.setattr(solver.newton, "lanczos_smallest", lanczos)
+    if eigh_max is not None:
+        monkeypatch.setattr(recheck_mod, "RECHECK_EIGH_MAX", eigh_max)
+    problem, _ = planted_instance(4, 8, 2, seed=1)
+    return problem, recover(problem, certify=False, validate=False, max_iter=60)
+
+
+def test_issuer_refuses_a_lanczos_lambda_min_it_cannot_prove(monkeypatch):
+    """Lanczos stopping at an eigenvalue that is not the smallest (two heads (64, 128), seed 7, once did,
+    at 300 steps) claims too large a lambda_min. Forced here: a Ritz value 4x the true smallest with a
+    zero residual. The issuer's dense proof rejects it and the result is uncertified, where the
+    certificate used to be issued and only recheck caught it (with the interval certificates on, this
+    instance is then certified by the interval-Hessian one)."""
+    import solver.newton
+
+    honest = solver.newton.lanczos_smallest
+
+    def too_high(mv, v0, **kw):
+        theta, res, steps = honest(mv, v0, **kw)
+        return 4.0 * theta, 0.0, steps
+
+    import solver.certificate
+
+    monkeypatch.setattr(solver.certificate, "JACOBIAN_CERT_MAX", 0)  # no interval certificate to fall back on
+    problem, res = _forced_matrix_free(monkeypatch, lanczos=too_high)
+    assert res.status == "uncertified"
+    assert "(Lanczos) was not proved: the dense Hessian's smallest eigenvalue" in res.certificate.reason
+    with pytest.raises(CertificationError, match=r"\(Lanczos\) was not proved"):
+        recover(problem, validate=False, max_iter=60)
+
+
+@pytest.mark.parametrize("eigh_max, cholesky", [(4096, True), (0, True), (4096, False)])
+def test_issuer_proves_an_honest_lanczos_lambda_min_by_eigenvalues_or_cholesky(monkeypatch, eigh_max, cholesky):
+    """The same instance with the honest Lanczos: proved by the shifted Cholesky (tried first, and the
+    only test above dn = 4096) and, where that breaks down (forced), by every eigenvalue, so
+    certified; recheck accepts it."""
+    if not cholesky:
+        import proofs_check.rigorous
+
+        monkeypatch.setattr(proofs_check.rigorous, "lambda_min_at_least", lambda A, t: None)
+    problem, res = _forced_matrix_free(monkeypatch, eigh_max=eigh_max)
+    assert res.status == "certified" and res.certificate.kind == "local-newton"
+    assert res.certificate.constants["margin"] > 0  # the Ritz residual: the Lanczos path was taken
+    assert recheck(res.certificate, problem, res.X)["status"] == "certified"
