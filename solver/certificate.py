@@ -46,8 +46,9 @@ The numbers are float64 evaluations with stated rounding margins
 (``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
 proof on a box is ``unmask verify --rigorous``. Above ``solver.newton.DENSE_MAX`` the local Newton
 certificate's lambda_min is a Lanczos Ritz value less its residual, and it is issued only once
-:func:`prove_lambda_min` has proved that claim on the Hessian formed from HVPs (every eigenvalue up
-to dn = 4096, one shifted Cholesky factorisation above), the test ``recheck`` applies.
+:func:`prove_lambda_min` has proved that claim on the dense Hessian (:func:`attention_hessian`, in
+closed form) by the test ``recheck`` applies: a shifted Cholesky factorisation, and every
+eigenvalue up to dn = 4096 where that is too coarse.
 """
 
 from __future__ import annotations
@@ -192,8 +193,9 @@ def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, floa
 
 def hessian_by_hvp_blocks(problem: Problem, X) -> np.ndarray:
     """The (dn, dn) float64 Hessian of L at X, ``HVP_BLOCK`` generated HVPs against unit vectors at a
-    time, not symmetrised. The dense kernel is far heavier: 8.3 GB at two heads (32, 128), against
-    0.9 GB for recover's whole run by blocks (and 12.3 GB at one head (64, 128))."""
+    time, not symmetrised (the attention-output variant's; attention maps have
+    :func:`attention_hessian`). The generated dense kernel is far heavier: with it, recover's peak
+    at two heads (32, 128) went from 0.9 GB to 8.3 GB (and it took 12.3 GB at one head (64, 128))."""
     dn = problem.d * problem.n
 
     def units(j, b):
