@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from proofs_check.recheck import RECHECK_EIGH_MAX
 from solver.certificate import attention_hessian, hessian_by_hvp_blocks, prove_lambda_min
 from solver.io import atomic_write_json
 from solver.newton import extreme_eigenvalues
@@ -70,7 +71,7 @@ def main(argv=None):
             Hd, t_dense = _timed(lambda: np.asarray(problem.hessian(X), np.float64).reshape(dn, dn))
             diff_dense = float(np.linalg.norm(Hc - Hd)) / scale
             del Hd
-        if dn <= 4096:
+        if dn <= RECHECK_EIGH_MAX:
             lam = float(np.linalg.eigvalsh((Hc + Hc.T) / 2)[0])
             source = "eigvalsh"
         else:

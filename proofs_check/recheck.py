@@ -99,12 +99,10 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         # t - c (rigorous for this float64 Hessian), with t chosen so that this is at least the claim plus
         # the same eigvalsh-sized margin (||H||_2 bounded by the largest absolute row sum): recheck then
         # works with the claim itself, and refuses a claim it cannot prove
-        from .rigorous import lambda_min_at_least, shift_to_prove
+        from .rigorous import prove_claim_by_cholesky
 
-        margin = 10 * d * n * eps * float(np.max(np.sum(np.abs(Hm), axis=1)))
-        t = shift_to_prove(Hm, claim + margin)
-        lam_min = lambda_min_at_least(Hm, t) if math.isfinite(t) else None
-        if lam_min is None or not lam_min - margin >= claim:
+        lam_min, t, margin = prove_claim_by_cholesky(Hm, claim, d * n)
+        if lam_min is None:
             raise CertificateMismatchError(
                 f"lambda_min: the certificate's lower bound {claim:.6e} is not proved on recomputation "
                 f"(the Cholesky factorisation of H - {t:.6e} I breaks down)")

@@ -370,6 +370,21 @@ def shift_to_prove(A: np.ndarray, target: float) -> float:
     return target + 2 * _cholesky_rounding(diag) + 8 * 2.0**-53 * abs(target)
 
 
+def prove_claim_by_cholesky(H: np.ndarray, claim: float, dn: int) -> tuple[float | None, float, float]:
+    """``(bound, t, margin)``: ``bound = lambda_min_at_least(H, t)`` when one Cholesky factorisation of
+    ``H - t I`` proves ``bound - margin >= claim`` for the float64 Hessian H, else None. ``margin = 10 dn
+    eps ||H||_inf`` is eigh's backward error, a float64 allowance for H's own rounding; t is
+    :func:`shift_to_prove` at ``claim + margin``. The test ``proofs_check.recheck`` applies to a local
+    Newton certificate above dn = 4096, and the one the issuer applies before it issues a Lanczos claim
+    (:func:`solver.certificate.prove_lambda_min`)."""
+    margin = 10 * dn * float(np.finfo(np.float64).eps) * float(np.max(np.sum(np.abs(H), axis=1)))
+    t = shift_to_prove(H, claim + margin)
+    lam = lambda_min_at_least(H, t) if math.isfinite(t) else None
+    if lam is None or not lam - margin >= claim:
+        return None, t, margin
+    return lam, t, margin
+
+
 def _cholesky_rounding(diag: np.ndarray) -> float:
     """``gamma_{N+1} / (1 - gamma_{N+1}) tr S + u max |S_ii|``, rounded up, from S's diagonal (all > 0)."""
     N = diag.size

@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import newton
-from .newton import LocalConstants, _project_out, extreme_eigenvalues, local_constants
+from .newton import LocalConstants, _project_out, _restricted, extreme_eigenvalues, local_constants
 from .problem import ATTENTION, Problem
 
 POLISH_STEPS = 8  # most Newton steps towards the double-double point of the slice certificates
@@ -283,7 +283,7 @@ def prove_lambda_min(problem: Problem, X, T, claim: float) -> str:
     about three (dn, dn) arrays (6 GiB at dn = 16384), four with orbit directions; refused, not
     allocated, above the host budget."""
     from proofs_check.recheck import RECHECK_EIGH_MAX
-    from proofs_check.rigorous import lambda_min_at_least, shift_to_prove
+    from proofs_check.rigorous import prove_claim_by_cholesky
 
     from .memory import GIB, host_budget, operation_bytes
 
@@ -293,9 +293,10 @@ def prove_lambda_min(problem: Problem, X, T, claim: float) -> str:
     # then H, the symmetrisation's (or the orbit restriction's) temporaries and the factorised copy
     forming = 16 * dn * dn if attention else 8 * dn * dn + HVP_BLOCK * operation_bytes("hvp", problem.d, problem.n, problem.heads)
     need = max(forming, (3 if T is None or not T.shape[1] else 4) * 8 * dn * dn)
-    if need > host_budget():
+    budget = host_budget()
+    if need > budget:
         return (f"lambda_min >= {claim:.3e} (Lanczos) was not proved: the dense Hessian and its factorisation "
-                f"need about {need / GIB:.1f} GiB at dn = {dn}, over the host budget of {host_budget() / GIB:.1f} GiB")
+                f"need about {need / GIB:.1f} GiB at dn = {dn}, over the host budget of {budget / GIB:.1f} GiB")
     if not (math.isfinite(claim) and claim > 0):
         return f"lambda_min >= {claim:.3e} (Lanczos) is no positive bound"
     H = attention_hessian(problem, X) if attention else hessian_by_hvp_blocks(problem, X)
@@ -304,20 +305,15 @@ def prove_lambda_min(problem: Problem, X, T, claim: float) -> str:
     H += H.T
     H *= 0.5
     if T is not None and T.shape[1]:
-        from .newton import _restricted
-
         H = _restricted(H, T, float(np.max(np.sum(np.abs(H), axis=1))))
-    eps = np.finfo(np.float64).eps
     # one Cholesky factorisation first (about 10x cheaper than the eigenvalues at dn = 4096); where its
     # rounding term is too coarse for the claim, every eigenvalue, as recheck takes them, up to 4096
-    margin = 10 * dn * eps * float(np.max(np.sum(np.abs(H), axis=1)))
-    t = shift_to_prove(H, claim + margin)
-    lam = lambda_min_at_least(H, t) if math.isfinite(t) else None
-    if lam is not None and lam - margin >= claim:
+    lam, t, margin = prove_claim_by_cholesky(H, claim, dn)
+    if lam is not None:
         return ""
     if dn <= RECHECK_EIGH_MAX:
         ev = np.linalg.eigvalsh(H)
-        margin = 10 * dn * eps * float(np.max(np.abs(ev)))
+        margin = 10 * dn * np.finfo(np.float64).eps * float(np.max(np.abs(ev)))
         if ev[0] - margin >= claim:
             return ""
         return (f"lambda_min >= {claim:.3e} (Lanczos) was not proved: the dense Hessian's smallest eigenvalue "
