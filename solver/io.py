@@ -82,8 +82,19 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 100) -> Path:
 def load_array(path: str | os.PathLike, what: str) -> np.ndarray:
     """Load a ``.npy`` file (no pickles) or raise :class:`InputFileError` naming ``what``."""
     path = Path(path)
+    if path.is_dir():
+        raise InputFileError(f"{what}: {path} is a directory, expected a .npy file")
     if not path.is_file():
         raise InputFileError(f"{what}: file {path} does not exist")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(6)
+    except OSError as exc:
+        raise InputFileError(f"{what}: cannot read {path} ({exc})") from exc
+    if head != b"\x93NUMPY" and head[:2] != b"PK":
+        # numpy would say "contains pickled (object) data" for any file without the magic string
+        raise InputFileError(f"{what}: {path} is not a .npy file (it does not start with the .npy magic string; "
+                             "save arrays with numpy.save)")
     try:
         arr = np.load(path, allow_pickle=False)
     except Exception as exc:  # numpy raises several types for corrupt files

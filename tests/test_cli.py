@@ -62,7 +62,12 @@ def test_recover_bad_inputs(instance_files, capsys):
     assert rc == 2 and "does not exist" in capsys.readouterr().err
     (tmp / "junk.npy").write_bytes(b"not an array")
     rc = main(["recover", "--W", str(tmp / "W.npy"), "--B", str(tmp / "junk.npy"), "--out", str(tmp / "X2.npy")])
+    assert rc == 2 and "junk.npy is not a .npy file" in capsys.readouterr().err
+    (tmp / "cut.npy").write_bytes((tmp / "B.npy").read_bytes()[:200])  # the header, then too few bytes
+    rc = main(["recover", "--W", str(tmp / "W.npy"), "--B", str(tmp / "cut.npy"), "--out", str(tmp / "X2.npy")])
     assert rc == 2 and "cannot read" in capsys.readouterr().err
+    rc = main(["recover", "--W", str(tmp), "--B", str(tmp / "B.npy"), "--out", str(tmp / "X2.npy")])
+    assert rc == 2 and "is a directory" in capsys.readouterr().err and not (tmp / "X2.npy").exists()
     bad = np.load(tmp / "B.npy")
     bad[0, 1, 2] += 0.3
     np.save(tmp / "bad.npy", bad)
