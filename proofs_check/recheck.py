@@ -91,6 +91,7 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         margin = 10 * d * n * eps * float(np.max(np.abs(ev)))  # eigvalsh's backward error, generous
         lam_min = float(ev[0])
         lam = lam_min - margin
+        lam_max_low = float(ev[-1]) - margin  # lambda_max is at least this
         if claim > lam_min + margin:
             raise CertificateMismatchError(
                 f"lambda_min: the certificate's lower bound {claim:.6e} exceeds the recomputed {lam_min:.6e}")
@@ -107,16 +108,21 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
                 f"lambda_min: the certificate's lower bound {claim:.6e} is not proved on recomputation "
                 f"(the Cholesky factorisation of H - {t:.6e} I breaks down)")
         lam = lam_min - margin
-    del Hm
+        lam_max_low = None
     r = float(cert.radius)
     region = Region.around(problem, X, r)
     name = "hessian_lipschitz" if problem.variant == ATTENTION else "hessian_lipschitz_output"
     M = _lemma_value(name, region)
+    _recheck_upper_constants(cert, Hm, lam_max_low, M * r, d * n, rtol)
+    del Hm
     m = lam - M * r
     checks = {
         "M": (M, cert.constants["M"]),
         "grad_norm": (gn, cert.grad_norm),
     }
+    if cert.constants["m"] > m + 2 * margin + rtol * abs(M * r):
+        raise CertificateMismatchError(f"m: the certificate's {cert.constants['m']:.6e} exceeds the recomputed "
+                                       f"lambda_min - M r = {m:.6e}")
     for key, (mine, theirs) in checks.items():
         scale = max(abs(mine), abs(theirs), 1e-300)
         # gradients at the rounding floor differ by rounding between code paths: allow 10%
@@ -145,6 +151,37 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {bound:.3e}")
     return {"status": "certified", "lambda_min": lam_min, "M": M, "m": m, "radius": r, "grad_norm": gn,
             "error_bound": bound}
+
+
+def _recheck_upper_constants(cert: Certificate, Hm: np.ndarray, lam_max_low: float | None, Mr: float, dn: int,
+                             rtol: float) -> None:
+    """The local-Newton certificate's other constants: ``L_g >= lambda_max + M r`` (an upper bound on
+    the Hessian over the ball), and ``eta = m^2 / M``, ``self_concordance = M / (2 m^1.5)`` from its own m
+    and M. With every eigenvalue (``lam_max_low``: lambda_max less eigh's margin) L_g is compared with
+    them; above ``RECHECK_EIGH_MAX`` it must bound ``||H||_inf (1 + 10 dn eps)`` (an induced norm bounds
+    lambda_max, widened by the float64 allowance for H's rounding), or failing that one Cholesky
+    factorisation of ``(L_g - M r) I - H`` must prove ``lambda_max <= L_g - M r``."""
+    c = cert.constants
+    L_g, m, M = float(c["L_g"]), float(c["m"]), float(c["M"])
+    for key, value in (("eta", m**2 / M), ("self_concordance", M / (2 * m**1.5))):
+        if key in c and not abs(float(c[key]) - value) <= 1e-9 * abs(value):
+            raise CertificateMismatchError(f"{key}: the certificate says {float(c[key]):.6e}, its own m and M give "
+                                           f"{value:.6e}")
+    top = L_g - Mr * (1 - rtol)  # what L_g leaves for lambda_max
+    if lam_max_low is not None:
+        if lam_max_low > top:
+            raise CertificateMismatchError(f"L_g: the certificate's {L_g:.6e} is below the recomputed lambda_max + M r "
+                                           f"= {lam_max_low + Mr:.6e}")
+        return
+    eps = float(np.finfo(np.float64).eps)
+    if float(np.max(np.sum(np.abs(Hm), axis=1))) * (1 + 10 * dn * eps) <= top:
+        return
+    from .rigorous import prove_claim_by_cholesky
+
+    Hm *= -1.0  # lambda_max(H) <= top  <=>  lambda_min(-H) >= -top (H is not used after this)
+    if prove_claim_by_cholesky(Hm, -top, dn)[0] is None:
+        raise CertificateMismatchError(f"L_g: lambda_max <= L_g - M r = {top:.6e} is not proved on recomputation "
+                                       "(neither the row sums nor a Cholesky factorisation of (L_g - M r) I - H)")
 
 
 RECHECK_EIGH_MAX = 4096  # dn up to which recheck takes every eigenvalue; above, one shifted Cholesky

@@ -48,7 +48,11 @@ proof on a box is ``unmask verify --rigorous``. Above ``solver.newton.DENSE_MAX`
 certificate's lambda_min is a Lanczos Ritz value less its residual, and it is issued only once
 :func:`prove_lambda_min` has proved that claim on the dense Hessian (:func:`attention_hessian`, in
 closed form) by the test ``recheck`` applies: a shifted Cholesky factorisation, and every
-eigenvalue up to dn = 4096 where that is too coarse.
+eigenvalue up to dn = 4096 where that is too coarse. There ``L_g`` (an upper bound on the Hessian
+over the ball, ``lambda_max + M r``) takes lambda_max from that Hessian's largest absolute row sum
+(an induced norm bounds the spectral radius), not from eigsh's Ritz value, which bounds lambda_max
+from below; ``constants["lambda_max"]`` stays the Ritz value, an estimate. ``recheck`` checks L_g,
+m, ``eta = m^2 / M`` and ``self_concordance = M / (2 m^1.5)`` too.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ import hashlib
 import importlib.metadata
 import math
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -82,6 +86,9 @@ JACOBIAN_CERT_MAX = 8192
 JACOBIAN_CERT_BYTES = None
 DENSE_HESSIAN_MAX = 4096  # dn up to which the slice certificate's P^T H P comes from the dense Hessian
 HVP_BLOCK = 256  # HVPs at a time above it
+# lambda_max <= ||H||_inf (1 + LAMBDA_MAX_SLACK dn eps) in the issuer's L_g above DENSE_MAX: twice recheck's
+# allowance (10 dn eps) for the rounding of its own Hessian, so that recheck's row sums confirm it
+LAMBDA_MAX_SLACK = 20
 RIGOROUS_GRADIENT_MAX = 20000  # dn up to which the gradient norm is bounded in ball arithmetic (about 1 s at 2048)
 
 
@@ -185,9 +192,9 @@ def final_constants(problem: Problem, X, T) -> tuple[LocalConstants | None, floa
     consts = local_constants(lam0, lam_max, margin, gn, lambda r: hessian_lipschitz_on(problem, X, r), safety=safety)
     why = ""
     if consts is not None and problem.d * problem.n > newton.DENSE_MAX:
-        why = prove_lambda_min(problem, X, T, consts.lambda0 - consts.margin)
-        if why:
-            consts = None
+        why, lam_max_up = prove_lambda_min(problem, X, T, consts.lambda0 - consts.margin)
+        # L_g from a bound on lambda_max the dense Hessian proves (its row sums), not eigsh's Ritz value
+        consts = None if why else replace(consts, L_g=lam_max_up + consts.M * consts.radius)
     return consts, gn, lam0, why
 
 
@@ -271,9 +278,12 @@ def attention_hessian(problem: Problem, X) -> np.ndarray:
     return Hm
 
 
-def prove_lambda_min(problem: Problem, X, T, claim: float) -> str:
+def prove_lambda_min(problem: Problem, X, T, claim: float) -> tuple[str, float]:
     """Prove ``lambda_min >= claim`` for the Hessian at X on the complement of span T (T orthonormal or
-    None); "" when proved, else why not. The test ``proofs_check.recheck`` applies to a local Newton
+    None): ``(why, lambda_max_bound)``, why "" when proved, else why not, and ``lambda_max_bound =
+    ||H||_inf (1 + LAMBDA_MAX_SLACK dn eps)``, an upper bound on every eigenvalue of H (an induced norm
+    bounds the spectral radius), widened by twice the float64 allowance for H's own rounding that
+    ``recheck`` gives its own Hessian (inf where nothing was proved). The test ``proofs_check.recheck`` applies to a local Newton
     certificate, on this code's Hessian (:func:`attention_hessian` for attention maps, else
     :func:`hessian_by_hvp_blocks`): every eigenvalue up to dn = 4096 (with eigh's backward error,
     10 dn eps ||H||, as margin) where one Cholesky factorisation of ``H - t I``
@@ -296,30 +306,33 @@ def prove_lambda_min(problem: Problem, X, T, claim: float) -> str:
     budget = host_budget()
     if need > budget:
         return (f"lambda_min >= {claim:.3e} (Lanczos) was not proved: the dense Hessian and its factorisation "
-                f"need about {need / GIB:.1f} GiB at dn = {dn}, over the host budget of {budget / GIB:.1f} GiB")
+                f"need about {need / GIB:.1f} GiB at dn = {dn}, over the host budget of {budget / GIB:.1f} GiB"), math.inf
     if not (math.isfinite(claim) and claim > 0):
-        return f"lambda_min >= {claim:.3e} (Lanczos) is no positive bound"
+        return f"lambda_min >= {claim:.3e} (Lanczos) is no positive bound", math.inf
     H = attention_hessian(problem, X) if attention else hessian_by_hvp_blocks(problem, X)
     if not np.all(np.isfinite(H)):
-        return "the dense Hessian has non-finite entries"
+        return "the dense Hessian has non-finite entries", math.inf
     H += H.T
     H *= 0.5
+    h_inf = float(np.max(np.sum(np.abs(H), axis=1)))
+    # the row sums round at most dn + 1 times (a factor 1 + (dn + 3) eps covers them), inside the slack
+    lam_max_up = h_inf * (1 + LAMBDA_MAX_SLACK * dn * float(np.finfo(np.float64).eps))
     if T is not None and T.shape[1]:
-        H = _restricted(H, T, float(np.max(np.sum(np.abs(H), axis=1))))
+        H = _restricted(H, T, h_inf)
     # one Cholesky factorisation first (about 10x cheaper than the eigenvalues at dn = 4096); where its
     # rounding term is too coarse for the claim, every eigenvalue, as recheck takes them, up to 4096
     lam, t, margin = prove_claim_by_cholesky(H, claim, dn)
     if lam is not None:
-        return ""
+        return "", lam_max_up
     if dn <= RECHECK_EIGH_MAX:
         ev = np.linalg.eigvalsh(H)
         margin = 10 * dn * np.finfo(np.float64).eps * float(np.max(np.abs(ev)))
         if ev[0] - margin >= claim:
-            return ""
+            return "", lam_max_up
         return (f"lambda_min >= {claim:.3e} (Lanczos) was not proved: the dense Hessian's smallest eigenvalue "
-                f"is {ev[0]:.3e} (less its rounding margin {margin:.1e})")
+                f"is {ev[0]:.3e} (less its rounding margin {margin:.1e})"), math.inf
     return (f"lambda_min >= {claim:.3e} (Lanczos) was not proved: the Cholesky factorisation of H - {t:.3e} I "
-            f"breaks down (it proves lambda_min >= t - {margin:.1e} - a rounding term of about dn u tr H)")
+            f"breaks down (it proves lambda_min >= t - {margin:.1e} - a rounding term of about dn u tr H)"), math.inf
 
 
 def build_certificate(problem: Problem, X, consts_run: LocalConstants | None, sym, validation, iterations: int,

@@ -202,3 +202,41 @@ def test_issuer_proves_an_honest_lanczos_lambda_min_by_eigenvalues_or_cholesky(m
     assert res.status == "certified" and res.certificate.kind == "local-newton"
     assert res.certificate.constants["margin"] > 0  # the Ritz residual: the Lanczos path was taken
     assert recheck(res.certificate, problem, res.X)["status"] == "certified"
+
+
+def _forged(cert, **constants):
+    data = json.loads(json.dumps(cert.as_dict()))
+    data["constants"].update(constants)
+    return data
+
+
+def test_recheck_checks_every_constant_of_a_local_newton_certificate(matrix_free_certificate, monkeypatch):
+    """L_g must bound lambda_max + M r, m must not exceed lambda_min - M r, and eta and the
+    self-concordance constant must follow from the certificate's own m and M: each forged value is
+    rejected, by eigenvalues (dn <= RECHECK_EIGH_MAX) and by row sums or a Cholesky factorisation
+    above. The issuer's L_g above DENSE_MAX is the row-sum bound, which the cheap test confirms."""
+    problem, res = matrix_free_certificate
+    cert = res.certificate
+    c = cert.constants
+    X = np.asarray(res.X)
+    loss, args = recheck_module._loss_and_args(problem)
+    H = np.asarray(jax.hessian(loss)(X, *args)).reshape(32, 32)
+    lam_max = float(np.linalg.eigvalsh((H + H.T) / 2)[-1])
+    Mr = c["M"] * cert.radius
+    assert c["L_g"] >= np.max(np.sum(np.abs(H), axis=1)) + Mr >= lam_max + Mr  # the issuer's row-sum bound
+    for eigh_max in (4096, 0):
+        monkeypatch.setattr(recheck_module, "RECHECK_EIGH_MAX", eigh_max)
+        mine = recheck(cert, problem, res.X)
+        assert mine["status"] == "certified"
+        # below lambda_max + M r: rejected (eigenvalues, or row sums then Cholesky)
+        with pytest.raises(CertificateMismatchError, match="L_g"):
+            recheck(_forged(cert, L_g=0.999 * lam_max + Mr), problem, res.X)
+        # a few percent above lambda_max but below the row sums: proved by eigenvalues or by Cholesky
+        assert recheck(_forged(cert, L_g=1.02 * lam_max + Mr), problem, res.X)["status"] == "certified"
+        m = 1.001 * mine["m"] + 1e-12  # above the recomputed m, with eta and self-concordance to match
+        with pytest.raises(CertificateMismatchError, match="m: the certificate"):
+            recheck(_forged(cert, m=m, eta=m**2 / c["M"], self_concordance=c["M"] / (2 * m**1.5)), problem, res.X)
+        with pytest.raises(CertificateMismatchError, match="eta"):
+            recheck(_forged(cert, eta=1.01 * c["eta"]), problem, res.X)
+        with pytest.raises(CertificateMismatchError, match="self_concordance"):
+            recheck(_forged(cert, self_concordance=0.99 * c["self_concordance"]), problem, res.X)
