@@ -1,6 +1,7 @@
 """The command line: files in, files out (atomically), typed errors on bad input."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +132,39 @@ def test_benchmark_counts_are_checked_before_any_run(args, message):
     script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "recover_bench.py"
     out = subprocess.run([sys.executable, str(script), "accuracy", *args], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
+
+
+def test_recheck_command_accepts_the_certificate_and_rejects_what_does_not_match(instance_files, capsys):
+    """`unmask recheck` on recover's own output: accepted (exit 0); another instance, another X and a
+    tampered error bound rejected (exit 1); an uncertified certificate claims nothing (exit 1); a JSON
+    that is not a certificate is bad input (exit 2); --json is written only where asked."""
+    tmp, problem, _ = instance_files
+    W, B, X, cert = (str(tmp / f) for f in ("W.npy", "B.npy", "X_rc.npy", "cert_rc.json"))
+    assert main(["recover", "--W", W, "--B", B, "--out", X, "--certificate", cert, "--quiet"]) == 0
+    capsys.readouterr()
+    base = ["recheck", "--W", W, "--B", B]
+    assert main(base + ["--X", X, "--certificate", cert, "--json", str(tmp / "rc.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("accepted:") and "error_bound = " in out
+    record = json.loads((tmp / "rc.json").read_text())
+    assert record["verdict"] == "accepted" and record["recomputed"]["status"] == "certified"
+
+    other, _ = planted_instance(3, 6, 2, seed=5)
+    np.save(tmp / "B_other.npy", other.B)
+    assert main(["recheck", "--W", W, "--B", str(tmp / "B_other.npy"), "--X", X, "--certificate", cert]) == 1
+    assert "rejected: certificate fingerprint does not match" in capsys.readouterr().out
+    moved = np.load(X)
+    moved[0, 0] += 1e-12
+    np.save(tmp / "X_moved.npy", moved)
+    assert main(base + ["--X", str(tmp / "X_moved.npy"), "--certificate", cert]) == 1
+    assert "rejected: certificate does not match this X" in capsys.readouterr().out
+    data = json.loads(Path(cert).read_text())
+    (tmp / "tampered.json").write_text(json.dumps({**data, "error_bound": data["error_bound"] / 100}))
+    assert main(base + ["--X", X, "--certificate", str(tmp / "tampered.json")]) == 1
+    assert "rejected: error bound" in capsys.readouterr().out
+    (tmp / "uncertified.json").write_text(json.dumps({**data, "status": "uncertified", "reason": "test"}))
+    assert main(base + ["--X", X, "--certificate", str(tmp / "uncertified.json")]) == 1
+    assert capsys.readouterr().out.startswith("nothing to recheck")
+    (tmp / "partial.json").write_text(json.dumps({k: v for k, v in data.items() if k != "X_digest"}))
+    assert main(base + ["--X", X, "--certificate", str(tmp / "partial.json"), "--json", str(tmp / "no.json")]) == 2
+    assert "missing X_digest" in capsys.readouterr().err and not (tmp / "no.json").exists()

@@ -18,6 +18,7 @@ COMMANDS = {
     "derive": "derive the loss symbolically and (re)generate the JAX code",
     "verify": "check every lemma's constant on random and adversarial instances",
     "recover": "recover X from attention weights W and attention maps B",
+    "recheck": "re-check a certificate of `unmask recover` independently (exit 0 accepted, 1 not, 2 bad input)",
     "attack": "recover the text fed into a real pretrained model from its attention",
     "sipit": "recover a prompt from the hidden states of a causal LM (SipIt)",
     "collisions": "minimum distance between the hidden states of many prompts",

@@ -8,13 +8,28 @@ import time
 HELP = "recover X from attention weights W (.npy) and attention maps B (.npy)"
 
 
-def add_arguments(p):
+def add_problem_arguments(p):
+    """The instance's files and regulariser, shared with ``unmask recheck``."""
     p.add_argument("--W", required=True, help="(d, d) or (H, d, d) .npy")
     p.add_argument("--B", required=True, help="(n, n) or (H, n, n) .npy attention maps; with --W-V the outputs, "
                                               "(n, d_v) or (H, n, d_v)")
     p.add_argument("--W-V", dest="W_V", help="value matrices (d, d_v) or (H, d, d_v) .npy: the attention-output variant")
     p.add_argument("--u", help="key bias, (d,) or (H, d) .npy")
     p.add_argument("--reg", type=float, default=0.0, help="regulariser weight gamma (scalar, default 0)")
+
+
+def load_problem(args):
+    """The Problem of `add_problem_arguments`' files (typed errors for unreadable or invalid ones)."""
+    from solver import Problem
+    from solver.io import load_array
+
+    return Problem.create(load_array(args.W, "--W"), load_array(args.B, "--B"),
+                          u=load_array(args.u, "--u") if args.u else None, gamma=args.reg,
+                          W_V=load_array(args.W_V, "--W-V") if args.W_V else None)
+
+
+def add_arguments(p):
+    add_problem_arguments(p)
     p.add_argument("--out", required=True, help="where to write X (.npy, written atomically)")
     p.add_argument("--certificate", help="where to write the certificate JSON")
     p.add_argument("--no-certify", action="store_true", help="return an uncertified answer instead of refusing")
@@ -28,18 +43,15 @@ def add_arguments(p):
 def run(args) -> int:
     from pathlib import Path
 
-    from solver import Problem
     from solver.errors import InputFileError
-    from solver.io import atomic_save_npy, atomic_write_json, load_array
+    from solver.io import atomic_save_npy, atomic_write_json
     from solver.recover import recover
 
     for target in [args.out] + ([args.certificate] if args.certificate else []):
         if not Path(target).resolve().parent.is_dir():
             raise InputFileError(f"output directory of {target} does not exist; create it first")
     t0 = time.perf_counter()
-    problem = Problem.create(load_array(args.W, "--W"), load_array(args.B, "--B"),
-                             u=load_array(args.u, "--u") if args.u else None, gamma=args.reg,
-                             W_V=load_array(args.W_V, "--W-V") if args.W_V else None)
+    problem = load_problem(args)
     if not args.quiet:
         print(f"d={problem.d} n={problem.n} heads={problem.heads}, {problem.variant}", file=sys.stderr, flush=True)
 
