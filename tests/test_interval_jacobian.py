@@ -229,10 +229,11 @@ def test_interval_jacobian_agrees_with_the_ball_hessian(forced):
     ("error_bound", lambda c: c.error_bound / 10, "error bound"),
     ("radius", lambda c: c.radius * 10, "uniqueness radius"),
     ("box_radius", lambda c: 1e-45, "slice theorem fails"),
+    ("l_lower", lambda c: c.constants["l_lower"] * 1.01, "l_lower: the certificate says"),
 ])
 def test_tampered_interval_jacobian_certificates_are_rejected(forced, field, value, message):
     problem, _, X, _, cert, _ = forced
-    bad = (replace(cert, constants={**cert.constants, field: value(cert)}) if field == "box_radius"
+    bad = (replace(cert, constants={**cert.constants, field: value(cert)}) if field in ("box_radius", "l_lower")
            else replace(cert, **{field: value(cert)}))
     with pytest.raises(CertificateMismatchError, match=message):
         recheck(bad, problem, X)

@@ -239,6 +239,11 @@ def test_recover_returns_a_rechecked_root_certificate():
     forged["radius"] = 10 * forged["radius"]  # claims uniqueness on a larger ball than proved
     with pytest.raises(CertificateMismatchError, match="uniqueness radius"):
         recheck(forged, p, res.X)
+    for key, factor in (("K", 0.99), ("h", 0.99 * out["h"] / res.certificate.constants["h"])):
+        forged = res.certificate.as_dict()  # a smaller curvature, or a more comfortable h, than recomputed
+        forged["constants"] = {**forged["constants"], key: factor * forged["constants"][key]}
+        with pytest.raises(CertificateMismatchError, match=f"{key}: the certificate says"):
+            recheck(forged, p, res.X)
     moved = res.X + 1e-3  # another X: the digest check fires first
     with pytest.raises(CertificateMismatchError):
         recheck(res.certificate, p, moved)

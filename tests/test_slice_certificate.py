@@ -56,10 +56,12 @@ def test_two_heads_slice_certificate_on_the_whole_space():
     ("box_radius", lambda c: 1e-40, "slice theorem fails"),  # l r < ||grad||
     ("box_radius", lambda c: 0.1, "slice theorem fails"),  # the enclosure is not positive definite
     ("box_radius", lambda c: float("nan"), "not finite"),
+    ("l_lower", lambda c: c.constants["l_lower"] * 1.01, "l_lower: the certificate says"),
+    ("g_up", lambda c: c.constants["g_up"] * 0.99, "g_up: the certificate says"),
 ])
 def test_tampered_slice_certificates_are_rejected(one_head, field, value, message):
     problem, _, X, _, cert, _ = one_head
-    if field in ("dX", "box_radius"):
+    if field in ("dX", "box_radius", "l_lower", "g_up"):
         bad = replace(cert, constants={**cert.constants, field: value(cert)})
     else:
         bad = replace(cert, **{field: value(cert)})
