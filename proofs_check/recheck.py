@@ -111,6 +111,7 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         lam_max_low = None
     r = float(cert.radius)
     region = Region.around(problem, X, r)
+    _same_region(cert.region, region.as_dict(), rtol)
     name = "hessian_lipschitz" if problem.variant == ATTENTION else "hessian_lipschitz_output"
     M = _lemma_value(name, region)
     _recheck_upper_constants(cert, Hm, lam_max_low, M * r, d * n, rtol)
@@ -151,6 +152,21 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         raise CertificateMismatchError(f"error bound {cert.error_bound:.3e} is smaller than the recomputed {bound:.3e}")
     return {"status": "certified", "lambda_min": lam_min, "M": M, "m": m, "radius": r, "grad_norm": gn,
             "error_bound": bound}
+
+
+def _same_region(claimed, mine: dict, rtol: float) -> None:
+    """The certificate's region (where its constants are claimed) is the one X and the radius give."""
+    if not isinstance(claimed, dict):
+        raise CertificateMismatchError(f"the certificate's region is {claimed!r}, not a region")
+    for key, value in mine.items():
+        theirs = claimed.get(key)
+        if isinstance(value, float) and isinstance(theirs, (int, float)) and not isinstance(theirs, bool):
+            ok = abs(float(theirs) - value) <= rtol * max(abs(value), abs(float(theirs)), 1e-300)
+        else:
+            ok = theirs == value
+        if not ok:
+            raise CertificateMismatchError(f"region: the certificate says {key} = {theirs!r}, X and the radius give "
+                                           f"{value!r}")
 
 
 def _recheck_upper_constants(cert: Certificate, Hm: np.ndarray, lam_max_low: float | None, Mr: float, dn: int,

@@ -240,3 +240,8 @@ def test_recheck_checks_every_constant_of_a_local_newton_certificate(matrix_free
             recheck(_forged(cert, eta=1.01 * c["eta"]), problem, res.X)
         with pytest.raises(CertificateMismatchError, match="self_concordance"):
             recheck(_forged(cert, self_concordance=0.99 * c["self_concordance"]), problem, res.X)
+        for key, value in (("R", 0.5 * cert.region["R"]), ("heads", 1)):  # a smaller region than X's
+            data = json.loads(json.dumps(cert.as_dict()))
+            data["region"][key] = value
+            with pytest.raises(CertificateMismatchError, match=f"region: the certificate says {key}"):
+                recheck(data, problem, res.X)
