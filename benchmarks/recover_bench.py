@@ -63,35 +63,44 @@ def accuracy(args):
                     err = distance_to_orbit(problem, res.X, X)
                     errs.append(err)
                     exact += err <= 1e-8
+                    per_seed.append({"seed": seed, "status": res.status, "error": err, "starts": res.starts,
+                                     "seconds": times[-1]})
                     if res.status == "certified":
                         kinds[res.certificate.kind] = kinds.get(res.certificate.kind, 0) + 1
                         certified += 1
+                        ok = False
                         try:
                             t = time.perf_counter()
-                            rechecked += recheck(res.certificate, problem, res.X)["status"] == "certified"
+                            ok = recheck(res.certificate, problem, res.X)["status"] == "certified"
                             recheck_times.append(time.perf_counter() - t)
+                            per_seed[-1]["recheck_seconds"] = recheck_times[-1]
                         except (MemoryBudgetError, CertificateMismatchError) as e:  # not rechecked, and said
                             print(f"  seed {seed}: not rechecked: {type(e).__name__}: {e}", flush=True)
+                        rechecked += ok
+                        per_seed[-1]["rechecked"] = ok
                     else:
                         uncertified.append(seed)
-                    per_seed.append({"seed": seed, "status": res.status, "error": err, "starts": res.starts,
-                                     "seconds": times[-1]})
-                    if res.status != "certified":  # why no certificate: the refusal's own words
-                        per_seed[-1]["reason"] = res.certificate.reason
+                        per_seed[-1]["reason"] = res.certificate.reason  # why no certificate: the refusal's own words
                     print(f"  seed {seed}: error {err:.1e}, {res.status}"
                           f"{' (' + res.certificate.kind + ')' if res.status == 'certified' else ''}, {times[-1]:.1f} s",
                           file=sys.stderr, flush=True)
-                row = {"family": label, "d": d, "n": n, "instances": len(seeds),
-                       "seeds": seeds if args.seeds else [seeds[0], seeds[-1]], "exact": exact,
-                       "certified": certified, "rechecked": rechecked, "median_error": float(np.median(errs)),
-                       "worst_error": float(np.max(errs)), "median_seconds": float(np.median(times)),
-                       "median_recheck_seconds": float(np.median(recheck_times)) if recheck_times else None,
-                       "kinds": kinds, "uncertified_seeds": uncertified, "per_seed": per_seed}
+                    done = seeds[:len(per_seed)]
+                    row = {"family": label, "d": d, "n": n, "instances": len(done),
+                           "seeds": done if args.seeds or len(done) < len(seeds) else [seeds[0], seeds[-1]],
+                           "exact": exact, "certified": certified, "rechecked": rechecked,
+                           "median_error": float(np.median(errs)), "worst_error": float(np.max(errs)),
+                           "median_seconds": float(np.median(times)),
+                           "median_recheck_seconds": float(np.median(recheck_times)) if recheck_times else None,
+                           "kinds": kinds, "uncertified_seeds": uncertified, "per_seed": per_seed}
+                    if len(done) < len(seeds):
+                        # after every seed, the cell so far: a run stopped later keeps what it measured
+                        atomic_write_json(args.json or "benchmarks/results/recover_accuracy.json",
+                                          {"command": " ".join(sys.argv), "rows": rows + [{**row, "partial": True}]})
                 rows.append(row)
                 print(f"{label:20s} d={d:3d} n={n:4d}  exact {exact}/{len(seeds)}  certified {certified} "
                       f"(rechecked {rechecked})  median err {row['median_error']:.1e}  worst {row['worst_error']:.1e}  "
                       f"{row['median_seconds']:.2f} s", flush=True)
-                # after every cell: a run killed later (memory, time) keeps what it measured
+                # after every cell (and every seed above): a run killed later (memory, time) keeps what it measured
                 atomic_write_json(args.json or "benchmarks/results/recover_accuracy.json",
                                   {"command": " ".join(sys.argv), "rows": rows})
 

@@ -168,3 +168,33 @@ def test_recheck_command_accepts_the_certificate_and_rejects_what_does_not_match
     (tmp / "partial.json").write_text(json.dumps({k: v for k, v in data.items() if k != "X_digest"}))
     assert main(base + ["--X", X, "--certificate", str(tmp / "partial.json"), "--json", str(tmp / "no.json")]) == 2
     assert "missing X_digest" in capsys.readouterr().err and not (tmp / "no.json").exists()
+
+
+def test_accuracy_benchmark_keeps_the_seeds_of_a_cell_stopped_midway(tmp_path, monkeypatch):
+    """A long cell (one head (64, 128): about 20 min a seed) stopped after its second seed keeps both
+    in its JSON, as a row marked partial, with each seed's recheck recorded."""
+    import importlib.util
+    import pathlib
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "recover_bench.py"
+    spec = importlib.util.spec_from_file_location("recover_bench_under_test", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    calls = []
+
+    def stopping(*a, **kw):  # the third instance never finishes
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return recover(*a, **kw)
+
+    from solver.recover import recover
+    monkeypatch.setattr(bench, "recover", stopping)
+    out = tmp_path / "acc.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["accuracy", "--families", "two", "--sizes", "3", "--mults", "2", "--seeds", "0,1,2,3",
+                    "--json", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["partial"] and row["instances"] == 2 and row["seeds"] == [0, 1]
+    assert [s["seed"] for s in row["per_seed"]] == [0, 1] and row["exact"] == 2
+    assert all(s["rechecked"] and s["recheck_seconds"] > 0 for s in row["per_seed"]) and row["rechecked"] == 2
