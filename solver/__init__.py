@@ -31,7 +31,17 @@ from .errors import (  # noqa: E402
 )
 from .problem import ATTENTION, OUTPUT, Problem, planted_instance  # noqa: E402
 
+# the solver's entry points (the name `recover` is both the submodule and its function: importing the
+# function here, after the submodule, makes `from solver import recover` give the function; the module
+# stays `sys.modules["solver.recover"]`, and `from solver.recover import ...` works as before)
+from .certificate import Certificate  # noqa: E402
+from .recover import Result, recover, recover_attention  # noqa: E402
+
 __all__ = [
+    "recover",
+    "recover_attention",
+    "Result",
+    "Certificate",
     "ATTENTION",
     "OUTPUT",
     "Problem",
