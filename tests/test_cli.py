@@ -165,6 +165,16 @@ def test_recheck_command_accepts_the_certificate_and_rejects_what_does_not_match
     (tmp / "uncertified.json").write_text(json.dumps({**data, "status": "uncertified", "reason": "test"}))
     assert main(base + ["--X", X, "--certificate", str(tmp / "uncertified.json")]) == 1
     assert capsys.readouterr().out.startswith("nothing to recheck")
+    # a reader that goes away (`unmask recheck ... | head -0`): exit 141 without a traceback
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "unmask.cli", *base, "--X", X, "--certificate", cert, "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and "Traceback" not in err, err[-2000:]
     (tmp / "partial.json").write_text(json.dumps({k: v for k, v in data.items() if k != "X_digest"}))
     assert main(base + ["--X", X, "--certificate", str(tmp / "partial.json"), "--json", str(tmp / "no.json")]) == 2
     assert "missing X_digest" in capsys.readouterr().err and not (tmp / "no.json").exists()

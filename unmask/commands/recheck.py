@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 
 from .recover import add_problem_arguments, load_problem
@@ -29,6 +30,7 @@ def add_arguments(p):
     p.add_argument("--X", required=True, help="the (d, n) .npy the certificate was issued for (recover's --out)")
     p.add_argument("--certificate", required=True, help="the certificate JSON (recover's --certificate)")
     p.add_argument("--json", help="where to write what was recomputed (JSON, written atomically)")
+    p.add_argument("--quiet", action="store_true", help="no progress line on stderr")
 
 
 def _certificate_dict(path: str) -> dict:
@@ -60,6 +62,10 @@ def run(args) -> int:
     problem = load_problem(args)
     X = problem.check_X(load_array(args.X, "--X"), "--X")
     data = _certificate_dict(args.certificate)
+    if not args.quiet:
+        # one line before the work: at dn = 8192 (one head) a recheck takes about 10 minutes here
+        print(f"rechecking a {data.get('kind', 'local-newton')} certificate ({data['status']}) at d={problem.d} "
+              f"n={problem.n} heads={problem.heads}, dn = {problem.d * problem.n}", file=sys.stderr, flush=True)
     try:
         out = recheck(data, problem, X)
     except CertificateMismatchError as exc:
