@@ -436,3 +436,45 @@ def test_closed_form_attention_hessian_is_the_generated_and_the_reference_one(d,
         scale = np.linalg.norm(reference)
         assert np.linalg.norm(mine - generated) <= 1e-14 * scale
         assert np.linalg.norm(mine - reference) <= 1e-14 * scale
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 9), cols=st.integers(1, 6),
+       kind=st.sampled_from(["orthonormal", "perturbed", "general"]))
+def test_orthonormality_defect_bounds_the_exact_value_closely(seed, rows, cols, kind):
+    """``||Q^T Q - I||_F`` in exact rational arithmetic against the bound: above it always, and within
+    ``gamma_K ||Q||_F^2`` plus a few ulps of it (the Cauchy-Schwarz term that replaced a second product)."""
+    rng = np.random.default_rng(seed)
+    cols = min(cols, rows) if kind != "general" else cols
+    Q = rng.normal(size=(rows, cols))
+    if kind != "general":
+        Q = np.linalg.qr(Q)[0][:, :cols]
+        if kind == "perturbed":
+            Q = Q + 1e-6 * rng.normal(size=Q.shape)
+    F = [[Fraction(float(x)) for x in row] for row in Q]
+    exact_sq = sum((sum(F[r][i] * F[r][j] for r in range(rows)) - (1 if i == j else 0)) ** 2
+                   for i in range(cols) for j in range(cols))
+    bound = midrad.orthonormality_defect(Q)
+    assert Fraction(bound) ** 2 >= exact_sq
+    # the Cauchy-Schwarz term and the diagonal allowance, plus fl(Q^T Q)'s own error (at most the same term)
+    slack = 2 * (1.03 * (rows + 1) * midrad.U * float(np.sum(Q * Q)) + 2 * midrad.U * cols)
+    assert bound <= float(exact_sq) ** 0.5 * (1 + 1e-12) + slack * 1.01 + 1e-300
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sigma_min_bound_covers_the_worst_member_of_a_wide_ball(seed):
+    """A radius that matters (1e-6 per entry on singular values 1..1e-2): the bound stays below
+    sigma_min^2 of the member pushed against the smallest singular pair, ``M - r sign(u v^T)``, which
+    lowers it by about ``2 sigma r ||u||_1 ||v||_1`` (0.4%): the radius term of C = M V (a Cauchy-Schwarz
+    bound) is what keeps the bound below it."""
+    rng = np.random.default_rng(seed)
+    U_, _ = np.linalg.qr(rng.standard_normal((40, 12)))
+    V_, _ = np.linalg.qr(rng.standard_normal((12, 12)))
+    M = (U_ * np.logspace(0, -2, 12)) @ V_.T
+    r = 1e-6
+    lo, info = sigma_min_sq_lower((M, np.full_like(M, r)))
+    u, s, vt = np.linalg.svd(M, full_matrices=False)
+    worst = M - r * np.sign(np.outer(u[:, -1], vt[-1]))
+    s_worst = np.linalg.svd(worst, compute_uv=False)[-1] ** 2
+    assert s_worst < s[-1] ** 2 * (1 - 1e-3)  # the member is worse than the midpoint
+    assert 0.9 * s_worst < lo <= s_worst, (lo, s_worst, info)
