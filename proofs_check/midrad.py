@@ -134,7 +134,7 @@ def orthonormality_defect(Q) -> float:
     off = norm_upper((G, None))
     del G
     gamma = 1.03 * (K + 1) * U
-    q_sq = float(up(np.sum(Q * Q), Q.size + 1))
+    q_sq = float(up(np.einsum("ij,ij->", Q, Q), Q.size + 1))  # (no (K, k) temporary)
     return float(up(off * (1 + 2 * U) + gamma * q_sq + 2 * U * k, 4))
 
 

@@ -602,7 +602,7 @@ def _sigma_min_sq_with_blocks(blocks, V, on_block=None) -> tuple[float, dict]:
     # with Z = gamma_k |Am| + Ar, so the column sums of its squares are at most ||v_j||^2 ||Z||_F^2 (one
     # product fewer than Z |V|, which was half of this bound's time; measured 1.3-3x wider, and the bound
     # is insensitive to it: on one head (64, 128) the radius term was 2.8e-5 of the diagonal)
-    r_cols = midrad.up(np.sum(V * V, axis=0), k + 1) * float(rad_sq.upper())
+    r_cols = midrad.up(np.einsum("ij,ij->j", V, V), k + 1) * float(rad_sq.upper())
     D = np.diag(Gm).copy()
     info = {"gram_diag_min": float(D.min())}
     if not np.all(D > 0):
