@@ -78,12 +78,12 @@ def main(argv=None):
             lam = extreme_eigenvalues(problem, X)[0]
             source = "lanczos"
         del Hc
-        why, t_prove = _timed(lambda: prove_lambda_min(problem, X, None, 0.5 * lam))
+        (why, lam_max_bound), t_prove = _timed(lambda: prove_lambda_min(problem, X, None, 0.5 * lam))
         row = {"d": d, "n": n, "heads": args.heads, "seed": args.seed, "dn": dn, "closed_form_seconds": t_closed,
                "hvp_blocks_seconds": t_hvp, "ratio_hvp_to_closed": t_hvp / t_closed, "dense_kernel_seconds": t_dense,
                "relative_difference_hvp": diff_hvp, "relative_difference_dense": diff_dense,
                "lambda_min_estimate": lam, "lambda_min_source": source, "claim": 0.5 * lam,
-               "proved": why == "", "why_not": why, "prove_seconds": t_prove}
+               "proved": why == "", "why_not": why, "prove_seconds": t_prove, "lambda_max_bound": lam_max_bound}
         rows.append(row)
         dense = f"{t_dense:8.2f}" if t_dense is not None else f"{'-':>8}"
         ddense = f"{diff_dense:10.1e}" if diff_dense is not None else f"{'-':>10}"
