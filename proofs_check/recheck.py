@@ -55,6 +55,7 @@ def _lemma_value(name: str, region: Region) -> float:
 def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 1e-6) -> dict:
     """Recompute everything the certificate claims; return the recomputed numbers or raise."""
     cert = Certificate.from_dict(certificate) if isinstance(certificate, dict) else certificate
+    problem = problem.in_float64()  # recover certifies the float64 promotion of a float32 instance
     if cert.fingerprint != problem.fingerprint():
         raise CertificateMismatchError("certificate fingerprint does not match this instance: it was issued for another problem")
     if cert.X_digest != array_digest(X):

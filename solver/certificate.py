@@ -61,7 +61,7 @@ import hashlib
 import importlib.metadata
 import math
 import platform
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -133,8 +133,16 @@ class Certificate:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Certificate":
-        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        return cls(**known)
+        """The certificate of :meth:`as_dict` (or its JSON); CertificateMismatchError when fields are missing."""
+        from .errors import CertificateMismatchError
+
+        if not isinstance(data, dict):
+            raise CertificateMismatchError(f"a certificate is a dict of its fields, got {type(data).__name__}")
+        missing = [k for k, f in cls.__dataclass_fields__.items()
+                   if k not in data and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise CertificateMismatchError(f"not a certificate: missing {', '.join(missing)}")
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
     def summary(self) -> str:
         if self.status != "certified":

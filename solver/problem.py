@@ -203,6 +203,15 @@ class Problem:
             X0=self.X0 if X0 is None else X0, dtype=self.dtype,
         )
 
+    def in_float64(self) -> "Problem":
+        """This instance in float64 (itself when it is already): what `solver.recover.recover` solves
+        and certifies, so a certificate's fingerprint is that of this promotion (float32 values are
+        exact in float64)."""
+        if self.dtype == np.float64:
+            return self
+        return Problem.create(self.W, self.B, u=self.U if self.has_bias else None, W_V=self.W_V, gamma=self.Gamma,
+                              X0=self.X0, dtype=np.float64)
+
     # sizes ------------------------------------------------------------------------
 
     @property

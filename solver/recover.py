@@ -208,9 +208,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         if progress is not None:
             progress(message)
 
-    if problem.dtype != np.float64:
-        problem = Problem.create(problem.W, problem.B, u=problem.U if problem.has_bias else None,
-                                 W_V=problem.W_V, gamma=problem.Gamma, X0=problem.X0, dtype=np.float64)
+    problem = problem.in_float64()
     sym = symmetries(problem)
     history = History()
     init = "given"

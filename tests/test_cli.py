@@ -208,3 +208,24 @@ def test_accuracy_benchmark_keeps_the_seeds_of_a_cell_stopped_midway(tmp_path, m
     assert row["partial"] and row["instances"] == 2 and row["seeds"] == [0, 1]
     assert [s["seed"] for s in row["per_seed"]] == [0, 1] and row["exact"] == 2
     assert all(s["rechecked"] and s["recheck_seconds"] > 0 for s in row["per_seed"]) and row["rechecked"] == 2
+
+
+def test_float32_files_recover_and_recheck(instance_files, capsys):
+    """W and B saved in float32: recover certifies the float64 promotion (float32 values are exact in
+    float64), and recheck of the same files promotes them the same way, so the fingerprints match."""
+    tmp, problem, _ = instance_files
+    np.save(tmp / "W32.npy", np.asarray(problem.W, np.float32))
+    np.save(tmp / "B32.npy", np.asarray(problem.B, np.float32))
+    W, B, X, cert = (str(tmp / f) for f in ("W32.npy", "B32.npy", "X32.npy", "c32.json"))
+    assert main(["recover", "--W", W, "--B", B, "--out", X, "--certificate", cert, "--quiet"]) == 0
+    assert main(["recheck", "--W", W, "--B", B, "--X", X, "--certificate", cert, "--quiet"]) == 0
+    assert capsys.readouterr().out.count("accepted:") == 1
+
+
+def test_recheck_api_names_a_dict_that_is_not_a_certificate(instance_files):
+    from proofs_check.recheck import recheck
+    from solver.errors import CertificateMismatchError
+
+    _, problem, X = instance_files
+    with pytest.raises(CertificateMismatchError, match="not a certificate: missing"):
+        recheck({"status": "certified"}, problem, X)
