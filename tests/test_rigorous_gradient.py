@@ -53,7 +53,11 @@ def test_arb_gradient_certificate_rejects_a_radius_below_the_theorem():
     cert = res.certificate.as_dict()
     assert cert["constants"]["gradient"] == "arb"
     assert recheck(cert, p, res.X)["gradient"] == "arb"
-    bad = dict(cert, radius=0.5 * cert["grad_norm"] / cert["constants"]["m"])
+    from proofs_check.region import Region
+
+    r = 0.5 * cert["grad_norm"] / cert["constants"]["m"]
+    # the region with it (recheck compares the region first, and it depends on the radius)
+    bad = dict(cert, radius=r, region=Region.around(p, res.X, r).as_dict())
     with pytest.raises(CertificateMismatchError, match="radius inequality"):
         recheck(bad, p, res.X)
 
