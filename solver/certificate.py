@@ -132,14 +132,19 @@ class Certificate:
         return asdict(self)
 
     @classmethod
+    def missing_fields(cls, data: dict) -> list[str]:
+        """The fields without a default that ``data`` lacks (what :meth:`from_dict` needs)."""
+        return [k for k, f in cls.__dataclass_fields__.items()
+                if k not in data and f.default is MISSING and f.default_factory is MISSING]
+
+    @classmethod
     def from_dict(cls, data: dict) -> "Certificate":
         """The certificate of :meth:`as_dict` (or its JSON); CertificateMismatchError when fields are missing."""
         from .errors import CertificateMismatchError
 
         if not isinstance(data, dict):
             raise CertificateMismatchError(f"a certificate is a dict of its fields, got {type(data).__name__}")
-        missing = [k for k, f in cls.__dataclass_fields__.items()
-                   if k not in data and f.default is MISSING and f.default_factory is MISSING]
+        missing = cls.missing_fields(data)
         if missing:
             raise CertificateMismatchError(f"not a certificate: missing {', '.join(missing)}")
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})

@@ -19,11 +19,6 @@ from .recover import add_problem_arguments, load_problem
 
 HELP = "re-check a certificate of `unmask recover` independently"
 
-#: fields a certificate JSON must have (solver.certificate.Certificate without defaults)
-REQUIRED = ("status", "fingerprint", "X_digest", "symmetry_dimension", "sign_flip", "loss", "grad_norm",
-            "error_bound", "radius", "constants", "region", "validation", "iterations", "iteration_bound",
-            "uniqueness")
-
 
 def add_arguments(p):
     add_problem_arguments(p)
@@ -40,7 +35,9 @@ def _certificate_dict(path: str) -> dict:
     data = load_json(path, "--certificate")
     if not isinstance(data, dict):
         raise InputFileError(f"--certificate: {path} holds a JSON {type(data).__name__}, not a certificate object")
-    missing = [k for k in REQUIRED if k not in data]
+    from solver.certificate import Certificate
+
+    missing = Certificate.missing_fields(data)
     if missing:
         raise InputFileError(f"--certificate: {path} is not a certificate of unmask recover: missing "
                              f"{', '.join(missing)}")
