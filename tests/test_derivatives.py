@@ -9,6 +9,8 @@ amount any backward-stable evaluation may differ; saturated softmaxes
 exceed 1e-10 relative, so the test allows 100 times that floor.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +23,16 @@ from solver import Problem
 from tests.helpers import instances, random_instance
 
 RTOL = 1e-10
+
+
+def _compiled(loss):
+    """``loss``, its gradient, HVP and Hessian under ``jax.jit``: one XLA compilation per shape instead of
+    one per primitive (eager autodiff of the transcription took about 6 s per hypothesis example); the
+    transcription differentiated is the same, and the perturbed reference shares the compilation."""
+    return jax.jit(loss), jax.jit(jax.grad(loss)), jax.jit(functools.partial(ref.hvp, loss)), jax.jit(jax.hessian(loss))
+
+
+COMPILED = {loss: _compiled(loss) for loss in (ref.attention_loss, ref.output_loss)}
 
 
 def _reference(problem: Problem):
@@ -62,9 +74,10 @@ def test_gradient_and_hvp_match_autodiff(inst):
     loss, args = _reference(problem)
     pargs = _perturbed(problem)
     scale = _natural_scale(problem, X, V)
-    _close(problem.loss(X), loss(X, *args), loss(X, *pargs), scale=scale)
-    _close(problem.grad(X), jax.grad(loss)(X, *args), jax.grad(loss)(X, *pargs), scale=scale)
-    _close(problem.hvp(X, V), ref.hvp(loss, X, V, *args), ref.hvp(loss, X, V, *pargs), scale=scale)
+    f, grad, hvp, _ = COMPILED[loss]
+    _close(problem.loss(X), f(X, *args), f(X, *pargs), scale=scale)
+    _close(problem.grad(X), grad(X, *args), grad(X, *pargs), scale=scale)
+    _close(problem.hvp(X, V), hvp(X, V, *args), hvp(X, V, *pargs), scale=scale)
 
 
 @given(instances.filter(lambda i: i[0].d * i[0].n <= 48))
@@ -74,8 +87,9 @@ def test_dense_hessian_matches_autodiff_and_is_symmetric(inst):
     loss, args = _reference(problem)
     dn = problem.d * problem.n
     H = np.asarray(problem.hessian(X))
-    perturbed = jax.hessian(loss)(X, *_perturbed(problem)).reshape(dn, dn)
-    _close(H, jax.hessian(loss)(X, *args).reshape(dn, dn), perturbed, scale=_natural_scale(problem, X))
+    hessian = COMPILED[loss][3]
+    perturbed = hessian(X, *_perturbed(problem)).reshape(dn, dn)
+    _close(H, hessian(X, *args).reshape(dn, dn), perturbed, scale=_natural_scale(problem, X))
     assert np.max(np.abs(H - H.T)) <= 1e-12 * max(1.0, np.max(np.abs(H)))
 
 
