@@ -31,6 +31,7 @@ from derivations.lemmas import SYMBOLS, lemma
 from solver.certificate import POLISH_MAX_REL, Certificate, array_digest
 from solver.errors import CertificateMismatchError, MemoryBudgetError
 from solver.problem import ATTENTION, Problem
+from solver.rounding import hessian_allowance
 from solver.symmetry import symmetries
 
 from . import reference as ref
@@ -81,7 +82,6 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         Q, comp = Qc[:, : T.shape[1]], Qc[:, T.shape[1]:]
         g = g - Q @ (Q.T @ g)
         Hm = comp.T @ Hm @ comp
-    eps = np.finfo(np.float64).eps
     gn = float(np.linalg.norm(g))
     claim = cert.constants["lambda_min"] - cert.constants.get("margin", 0.0)  # the claimed lower bound
     if Hm.shape[0] <= RECHECK_EIGH_MAX:
@@ -89,7 +89,7 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         # with eigh only to about 1e-5): refuse a claimed lower bound above what the dense eigenvalues
         # give, not a difference in the last digits
         ev = np.linalg.eigvalsh(Hm)
-        margin = 10 * d * n * eps * float(np.max(np.abs(ev)))  # eigvalsh's backward error, generous
+        margin = hessian_allowance(d * n, np.max(np.abs(ev)))  # eigvalsh's backward error, generous
         lam_min = float(ev[0])
         lam = lam_min - margin
         lam_max_low = float(ev[-1]) - margin  # lambda_max is at least this
@@ -176,8 +176,8 @@ def _recheck_upper_constants(cert: Certificate, Hm: np.ndarray, lam_max_low: flo
     the Hessian over the ball), and ``eta = m^2 / M``, ``self_concordance = M / (2 m^1.5)`` from its own m
     and M. With every eigenvalue (``lam_max_low``: lambda_max less eigh's margin) L_g is compared with
     them; above ``RECHECK_EIGH_MAX`` it must bound ``||H||_inf (1 + 10 dn eps)`` (an induced norm bounds
-    lambda_max, widened by the float64 allowance for H's rounding), or failing that one Cholesky
-    factorisation of ``(L_g - M r) I - H`` must prove ``lambda_max <= L_g - M r``."""
+    lambda_max, widened by the float64 allowance for H's rounding, :mod:`solver.rounding`), or failing
+    that one Cholesky factorisation of ``(L_g - M r) I - H`` must prove ``lambda_max <= L_g - M r``."""
     c = cert.constants
     L_g, m, M = float(c["L_g"]), float(c["m"]), float(c["M"])
     for key, value in (("eta", m**2 / M), ("self_concordance", M / (2 * m**1.5))):
@@ -190,8 +190,8 @@ def _recheck_upper_constants(cert: Certificate, Hm: np.ndarray, lam_max_low: flo
             raise CertificateMismatchError(f"L_g: the certificate's {L_g:.6e} is below the recomputed lambda_max + M r "
                                            f"= {lam_max_low + Mr:.6e}")
         return
-    eps = float(np.finfo(np.float64).eps)
-    if float(np.max(np.sum(np.abs(Hm), axis=1))) * (1 + 10 * dn * eps) <= top:
+    h_inf = float(np.max(np.sum(np.abs(Hm), axis=1)))
+    if h_inf + hessian_allowance(dn, h_inf) <= top:
         return
     from .rigorous import prove_claim_by_cholesky
 

@@ -21,6 +21,8 @@ import numpy as np
 from derivations.lemmas import lemma
 
 from . import midrad
+from solver.rounding import hessian_allowance
+
 from .region import Region
 
 
@@ -377,7 +379,7 @@ def prove_claim_by_cholesky(H: np.ndarray, claim: float, dn: int) -> tuple[float
     :func:`shift_to_prove` at ``claim + margin``. The test ``proofs_check.recheck`` applies to a local
     Newton certificate above dn = 4096, and the one the issuer applies before it issues a Lanczos claim
     (:func:`solver.certificate.prove_lambda_min`)."""
-    margin = 10 * dn * float(np.finfo(np.float64).eps) * float(np.max(np.sum(np.abs(H), axis=1)))
+    margin = hessian_allowance(dn, np.max(np.sum(np.abs(H), axis=1)))
     t = shift_to_prove(H, claim + margin)
     lam = lambda_min_at_least(H, t) if math.isfinite(t) else None
     if lam is None or not lam - margin >= claim:

@@ -68,6 +68,7 @@ import numpy as np
 from . import newton
 from .newton import LocalConstants, _project_out, _restricted, extreme_eigenvalues, local_constants
 from .problem import ATTENTION, Problem
+from .rounding import EPS, HESSIAN_ROUNDING, hessian_allowance
 
 POLISH_STEPS = 8  # most Newton steps towards the double-double point of the slice certificates
 POLISH_MAX_REL = 1e-8  # largest ||dX|| / max(1, ||X||) of a slice certificate (issued and rechecked alike)
@@ -87,8 +88,8 @@ JACOBIAN_CERT_BYTES = None
 DENSE_HESSIAN_MAX = 4096  # dn up to which the slice certificate's P^T H P comes from the dense Hessian
 HVP_BLOCK = 256  # HVPs at a time above it
 # lambda_max <= ||H||_inf (1 + LAMBDA_MAX_SLACK dn eps) in the issuer's L_g above DENSE_MAX: twice recheck's
-# allowance (10 dn eps) for the rounding of its own Hessian, so that recheck's row sums confirm it
-LAMBDA_MAX_SLACK = 20
+# allowance (solver.rounding) for the rounding of its own Hessian, so that recheck's row sums confirm it
+LAMBDA_MAX_SLACK = 2 * HESSIAN_ROUNDING
 RIGOROUS_GRADIENT_MAX = 20000  # dn up to which the gradient norm is bounded in ball arithmetic (about 1 s at 2048)
 
 
@@ -329,7 +330,7 @@ def prove_lambda_min(problem: Problem, X, T, claim: float) -> tuple[str, float]:
     H *= 0.5
     h_inf = float(np.max(np.sum(np.abs(H), axis=1)))
     # the row sums round at most dn + 1 times (a factor 1 + (dn + 3) eps covers them), inside the slack
-    lam_max_up = h_inf * (1 + LAMBDA_MAX_SLACK * dn * float(np.finfo(np.float64).eps))
+    lam_max_up = h_inf * (1 + LAMBDA_MAX_SLACK * dn * EPS)
     if T is not None and T.shape[1]:
         H = _restricted(H, T, h_inf)
     # one Cholesky factorisation first (about 10x cheaper than the eigenvalues at dn = 4096); where its
@@ -339,7 +340,7 @@ def prove_lambda_min(problem: Problem, X, T, claim: float) -> tuple[str, float]:
         return "", lam_max_up
     if dn <= RECHECK_EIGH_MAX:
         ev = np.linalg.eigvalsh(H)
-        margin = 10 * dn * np.finfo(np.float64).eps * float(np.max(np.abs(ev)))
+        margin = hessian_allowance(dn, np.max(np.abs(ev)))
         if ev[0] - margin >= claim:
             return "", lam_max_up
         return (f"lambda_min >= {claim:.3e} (Lanczos) was not proved: the dense Hessian's smallest eigenvalue "

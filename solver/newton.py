@@ -32,6 +32,7 @@ import scipy.sparse.linalg as spla
 
 from .errors import LinearSolveError
 from .problem import Problem
+from .rounding import hessian_allowance
 
 DENSE_MAX = 2048  # dn up to which the dense Hessian and Cholesky are used
 CG_MAX_ITER = 500  # matrix-free: most HVPs in one Newton linear solve (an inexact step is still a descent step)
@@ -151,8 +152,8 @@ def extreme_eigenvalues(problem: Problem, X, T=None, stop_below: float | None = 
             if theta < stop_below:
                 return theta, theta, 0.0
         ev = scipy.linalg.eigh(Hm, eigvals_only=True, check_finite=True)[: d * n - k]
-        # eigvalsh is backward stable: |error| <= c dn eps ||H||_2; generous c = 10
-        margin = 10 * d * n * eps * float(np.max(np.abs(ev)))
+        # eigvalsh is backward stable: |error| <= c dn eps ||H||_2 (solver.rounding)
+        margin = hessian_allowance(d * n, np.max(np.abs(ev)))
         return float(ev[0]), float(ev[-1]), margin
     # matrix-free (d n > DENSE_MAX): Krylov methods on the generated HVP, restricted to the complement of
     # span T (projected start, projected products, so the orbit's zero curvature never enters)
