@@ -19,10 +19,9 @@ import flint
 import numpy as np
 
 from derivations.lemmas import lemma
-
-from . import midrad
 from solver.rounding import hessian_allowance
 
+from . import midrad
 from .region import Region
 
 
