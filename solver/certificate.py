@@ -68,7 +68,7 @@ import numpy as np
 from . import newton
 from .newton import LocalConstants, _project_out, _restricted, extreme_eigenvalues, local_constants
 from .problem import ATTENTION, Problem
-from .rounding import EPS, HESSIAN_ROUNDING, hessian_allowance
+from .rounding import hessian_allowance
 
 POLISH_STEPS = 8  # most Newton steps towards the double-double point of the slice certificates
 POLISH_MAX_REL = 1e-8  # largest ||dX|| / max(1, ||X||) of a slice certificate (issued and rechecked alike)
@@ -87,9 +87,6 @@ JACOBIAN_CERT_MAX = 8192
 JACOBIAN_CERT_BYTES = None
 DENSE_HESSIAN_MAX = 4096  # dn up to which the slice certificate's P^T H P comes from the dense Hessian
 HVP_BLOCK = 256  # HVPs at a time above it
-# lambda_max <= ||H||_inf (1 + LAMBDA_MAX_SLACK dn eps) in the issuer's L_g above DENSE_MAX: twice recheck's
-# allowance (solver.rounding) for the rounding of its own Hessian, so that recheck's row sums confirm it
-LAMBDA_MAX_SLACK = 2 * HESSIAN_ROUNDING
 RIGOROUS_GRADIENT_MAX = 20000  # dn up to which the gradient norm is bounded in ball arithmetic (about 1 s at 2048)
 
 
@@ -295,7 +292,7 @@ def attention_hessian(problem: Problem, X) -> np.ndarray:
 def prove_lambda_min(problem: Problem, X, T, claim: float) -> tuple[str, float]:
     """Prove ``lambda_min >= claim`` for the Hessian at X on the complement of span T (T orthonormal or
     None): ``(why, lambda_max_bound)``, why "" when proved, else why not, and ``lambda_max_bound =
-    ||H||_inf (1 + LAMBDA_MAX_SLACK dn eps)``, an upper bound on every eigenvalue of H (an induced norm
+    ||H||_inf + 2 hessian_allowance(dn, ||H||_inf)``, an upper bound on every eigenvalue of H (an induced norm
     bounds the spectral radius), widened by twice the float64 allowance for H's own rounding that
     ``recheck`` gives its own Hessian (inf where nothing was proved). The test ``proofs_check.recheck`` applies to a local Newton
     certificate, on this code's Hessian (:func:`attention_hessian` for attention maps, else
@@ -329,8 +326,9 @@ def prove_lambda_min(problem: Problem, X, T, claim: float) -> tuple[str, float]:
     H += H.T
     H *= 0.5
     h_inf = float(np.max(np.sum(np.abs(H), axis=1)))
-    # the row sums round at most dn + 1 times (a factor 1 + (dn + 3) eps covers them), inside the slack
-    lam_max_up = h_inf * (1 + LAMBDA_MAX_SLACK * dn * EPS)
+    # twice recheck's allowance for its own Hessian's rounding, so that its row sums confirm the bound; the
+    # row sums here round at most dn + 1 times (a factor 1 + (dn + 3) eps covers them), inside the slack
+    lam_max_up = h_inf + 2 * hessian_allowance(dn, h_inf)
     if T is not None and T.shape[1]:
         H = _restricted(H, T, h_inf)
     # one Cholesky factorisation first (about 10x cheaper than the eigenvalues at dn = 4096); where its

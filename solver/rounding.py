@@ -4,7 +4,7 @@ A Hessian formed in float64 differs from the exact one by rounding, and a symmet
 its backward error, ``c dn eps ||H||`` for a modest c. Every dense test of a claimed eigenvalue bound
 (the issuer's and ``recheck``'s eigenvalues, one Cholesky factorisation, row sums bounding lambda_max)
 takes the generous ``HESSIAN_ROUNDING dn eps`` of a norm of H as its margin. The issuer's own
-lambda_max bound is widened by twice that (:data:`solver.certificate.LAMBDA_MAX_SLACK`), so that
+lambda_max bound is widened by twice that (:func:`solver.certificate.prove_lambda_min`), so that
 ``recheck``'s row sums of its own Hessian confirm it. Keeping the factor in one place keeps the
 issuer's bounds and the checks that confirm them in step.
 """
