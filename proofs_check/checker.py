@@ -19,6 +19,7 @@ either way a ratio above 1 is a counterexample. Violations are saved as npz.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -280,6 +281,43 @@ def _adam_ascent(objective, raw, steps: int, lr: float):
     return p
 
 
+@functools.lru_cache(maxsize=16)
+def _sampler(d: int, n: int, heads: int, variant: str, d_v: int):
+    """``jax.jit`` of the vmapped :func:`_raw_instance` for one shape (one key per instance).
+
+    Drawn eagerly, each random primitive compiled on its own (about 20 s per check); jitted,
+    the sampler compiles once per shape and key count and is shared by every lemma and region.
+    """
+    shape = Region(d=d, n=n, heads=heads, variant=variant, d_v=d_v)
+    return jax.jit(jax.vmap(lambda k: _raw_instance(shape, k)))
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(region: Region, name: str, steps: int, lr: float):
+    """The jitted ratio (exact and surrogate) and adversary for one region and lemma, with
+    the bound as an argument: a second check of the same region (another seed, a scaled
+    bound) compiles nothing."""
+    lem = next(lem for lem in LEMMAS if lem.name == name)
+
+    def surrogate_one(raw, bound):
+        return ratio(region, lem, bound, _project(region, raw), exact=False)
+
+    exact_ratio = jax.jit(jax.vmap(lambda r, b: ratio(region, lem, b, _project(region, r), exact=True),
+                                   in_axes=(0, None)))
+    ascend = jax.jit(jax.vmap(lambda r, b: _adam_ascent(lambda q: surrogate_one(q, b), r, steps, lr),
+                              in_axes=(0, None)))
+    surrogate = jax.jit(jax.vmap(surrogate_one, in_axes=(0, None)))
+    return exact_ratio, ascend, surrogate
+
+
+def _rows(tree, start, stop):
+    return jax.tree.map(lambda x: x[start:stop], tree)
+
+
+def _stacked(a, b):
+    return jax.tree.map(lambda x, y: jnp.concatenate([x, y]), a, b)
+
+
 def check(region: Region, *, instances: int = 32, seed: int = 0, starts: int = 8, steps: int = 60,
           lr: float = 0.05, names: list[str] | None = None, bound_scale: dict[str, float] | None = None,
           counterexample_dir: str | Path | None = None, progress: bool = True) -> Report:
@@ -302,14 +340,17 @@ def check(region: Region, *, instances: int = 32, seed: int = 0, starts: int = 8
     for lem in selected:
         bound = bounds[lem.name] * (bound_scale or {}).get(lem.name, 1.0)
         key, k_rand, k_adv = jax.random.split(key, 3)
-        raws = jax.vmap(lambda k: _raw_instance(region, k))(jax.random.split(k_rand, instances))
-        exact_ratio = jax.jit(jax.vmap(lambda r: ratio(region, lem, bound, _project(region, r), exact=True)))
-        rand = np.asarray(exact_ratio(raws))
-        starts_raw = jax.vmap(lambda k: _raw_instance(region, k))(jax.random.split(k_adv, starts))
-        obj = lambda r: ratio(region, lem, bound, _project(region, r), exact=False)  # noqa: E731
-        final = jax.jit(jax.vmap(lambda r: _adam_ascent(obj, r, steps, lr)))(starts_raw)
-        adv_exact = np.asarray(exact_ratio(final))
-        adv_surr = np.asarray(jax.jit(jax.vmap(obj))(final))
+        exact_ratio, ascend, surrogate = _compiled(region, lem.name, steps, lr)
+        sample = _sampler(region.d, region.n, region.heads, region.variant, region.d_v)
+        b = jnp.float64(bound)
+        # one draw and one exact evaluation for the random instances and the adversary's
+        # starts / end points together: the same keys as drawing them apart, one compilation
+        both = sample(jnp.concatenate([jax.random.split(k_rand, instances), jax.random.split(k_adv, starts)]))
+        raws = _rows(both, 0, instances)
+        final = ascend(_rows(both, instances, instances + starts), b)
+        exact = np.asarray(exact_ratio(_stacked(raws, final), b))
+        rand, adv_exact = exact[:instances], exact[instances:]
+        adv_surr = np.asarray(surrogate(final, b))
         adv = np.maximum(adv_exact, adv_surr)
         worst_r = float(np.nanmax(rand)) if np.isfinite(rand).any() else float("nan")
         worst_a = float(np.nanmax(adv)) if np.isfinite(adv).any() else float("nan")
