@@ -31,7 +31,7 @@ from derivations.lemmas import SYMBOLS, lemma
 from solver.certificate import POLISH_MAX_REL, Certificate, array_digest
 from solver.errors import CertificateMismatchError, MemoryBudgetError
 from solver.problem import ATTENTION, Problem
-from solver.rounding import hessian_allowance
+from solver.rounding import hessian_allowance, symmetrise
 from solver.symmetry import symmetries
 
 from . import reference as ref
@@ -84,6 +84,7 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         Hm = comp.T @ Hm @ comp
     gn = float(np.linalg.norm(g))
     claim = cert.constants["lambda_min"] - cert.constants.get("margin", 0.0)  # the claimed lower bound
+    h_inf = None
     if Hm.shape[0] <= RECHECK_EIGH_MAX:
         # (the issuer's margin is the Ritz residual on the matrix-free path, where the Ritz value agrees
         # with eigh only to about 1e-5): refuse a claimed lower bound above what the dense eigenvalues
@@ -103,7 +104,8 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         # works with the claim itself, and refuses a claim it cannot prove
         from .rigorous import prove_claim_by_cholesky
 
-        lam_min, t, margin = prove_claim_by_cholesky(Hm, claim, d * n)
+        h_inf = float(np.max(np.sum(np.abs(Hm), axis=1)))  # ||H||_inf, once: the margin and the L_g test
+        lam_min, t, margin = prove_claim_by_cholesky(Hm, claim, d * n, h_inf=h_inf)
         if lam_min is None:
             raise CertificateMismatchError(
                 f"lambda_min: the certificate's lower bound {claim:.6e} is not proved on recomputation "
@@ -115,7 +117,7 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
     _same_region(cert.region, region.as_dict(), rtol)
     name = "hessian_lipschitz" if problem.variant == ATTENTION else "hessian_lipschitz_output"
     M = _lemma_value(name, region)
-    _recheck_upper_constants(cert, Hm, lam_max_low, M * r, d * n, rtol)
+    _recheck_upper_constants(cert, Hm, lam_max_low, M * r, d * n, rtol, h_inf)
     del Hm
     m = lam - M * r
     checks = {
@@ -171,13 +173,14 @@ def _same_region(claimed, mine: dict, rtol: float) -> None:
 
 
 def _recheck_upper_constants(cert: Certificate, Hm: np.ndarray, lam_max_low: float | None, Mr: float, dn: int,
-                             rtol: float) -> None:
+                             rtol: float, h_inf: float | None = None) -> None:
     """The local-Newton certificate's other constants: ``L_g >= lambda_max + M r`` (an upper bound on
     the Hessian over the ball), and ``eta = m^2 / M``, ``self_concordance = M / (2 m^1.5)`` from its own m
     and M. With every eigenvalue (``lam_max_low``: lambda_max less eigh's margin) L_g is compared with
     them; above ``RECHECK_EIGH_MAX`` it must bound ``||H||_inf (1 + 10 dn eps)`` (an induced norm bounds
     lambda_max, widened by the float64 allowance for H's rounding, :mod:`solver.rounding`), or failing
-    that one Cholesky factorisation of ``(L_g - M r) I - H`` must prove ``lambda_max <= L_g - M r``."""
+    that one Cholesky factorisation of ``(L_g - M r) I - H`` must prove ``lambda_max <= L_g - M r``.
+    ``h_inf``: ``||Hm||_inf`` where the caller has it (computed here otherwise)."""
     c = cert.constants
     L_g, m, M = float(c["L_g"]), float(c["m"]), float(c["M"])
     for key, value in (("eta", m**2 / M), ("self_concordance", M / (2 * m**1.5))):
@@ -190,13 +193,14 @@ def _recheck_upper_constants(cert: Certificate, Hm: np.ndarray, lam_max_low: flo
             raise CertificateMismatchError(f"L_g: the certificate's {L_g:.6e} is below the recomputed lambda_max + M r "
                                            f"= {lam_max_low + Mr:.6e}")
         return
-    h_inf = float(np.max(np.sum(np.abs(Hm), axis=1)))
+    if h_inf is None:
+        h_inf = float(np.max(np.sum(np.abs(Hm), axis=1)))
     if h_inf + hessian_allowance(dn, h_inf) <= top:
         return
     from .rigorous import prove_claim_by_cholesky
 
     Hm *= -1.0  # lambda_max(H) <= top  <=>  lambda_min(-H) >= -top (H is not used after this)
-    if prove_claim_by_cholesky(Hm, -top, dn)[0] is None:
+    if prove_claim_by_cholesky(Hm, -top, dn, h_inf=h_inf)[0] is None:  # -H has H's row sums
         raise CertificateMismatchError(f"L_g: lambda_max <= L_g - M r = {top:.6e} is not proved on recomputation "
                                        "(neither the row sums nor a Cholesky factorisation of (L_g - M r) I - H)")
 
@@ -227,9 +231,7 @@ def _reference_hessian(loss, X: np.ndarray, args) -> np.ndarray:
         V = np.zeros((b, dn))
         V[np.arange(e - s), np.arange(s, e)] = 1.0  # the last block padded with zeros: one compilation
         H[s:e] = np.asarray(columns(Xj, jnp.asarray(V.reshape(b, d, n)), *aj)).reshape(b, dn)[: e - s]
-    H += H.T  # rows are H e_i; symmetrise (numpy buffers the overlapping transpose)
-    H *= 0.5
-    return H
+    return symmetrise(H)  # rows are H e_i
 
 
 def _require_dense_hessian_memory(problem: Problem, dn: int) -> None:

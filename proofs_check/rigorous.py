@@ -371,14 +371,18 @@ def shift_to_prove(A: np.ndarray, target: float) -> float:
     return target + 2 * _cholesky_rounding(diag) + 8 * 2.0**-53 * abs(target)
 
 
-def prove_claim_by_cholesky(H: np.ndarray, claim: float, dn: int) -> tuple[float | None, float, float]:
+def prove_claim_by_cholesky(H: np.ndarray, claim: float, dn: int,
+                            h_inf: float | None = None) -> tuple[float | None, float, float]:
     """``(bound, t, margin)``: ``bound = lambda_min_at_least(H, t)`` when one Cholesky factorisation of
     ``H - t I`` proves ``bound - margin >= claim`` for the float64 Hessian H, else None. ``margin = 10 dn
     eps ||H||_inf`` is eigh's backward error, a float64 allowance for H's own rounding; t is
     :func:`shift_to_prove` at ``claim + margin``. The test ``proofs_check.recheck`` applies to a local
     Newton certificate above dn = 4096, and the one the issuer applies before it issues a Lanczos claim
-    (:func:`solver.certificate.prove_lambda_min`)."""
-    margin = hessian_allowance(dn, np.max(np.sum(np.abs(H), axis=1)))
+    (:func:`solver.certificate.prove_lambda_min`). ``h_inf``: ``||H||_inf`` of this very H where the
+    caller has it (one pass over the (dn, dn) array, with an |H| temporary, saved); computed otherwise."""
+    if h_inf is None:
+        h_inf = float(np.max(np.sum(np.abs(H), axis=1)))
+    margin = hessian_allowance(dn, h_inf)
     t = shift_to_prove(H, claim + margin)
     lam = lambda_min_at_least(H, t) if math.isfinite(t) else None
     if lam is None or not lam - margin >= claim:

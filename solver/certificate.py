@@ -68,7 +68,7 @@ import numpy as np
 from . import newton
 from .newton import LocalConstants, _project_out, _restricted, extreme_eigenvalues, local_constants
 from .problem import ATTENTION, Problem
-from .rounding import hessian_allowance
+from .rounding import hessian_allowance, symmetrise
 
 POLISH_STEPS = 8  # most Newton steps towards the double-double point of the slice certificates
 POLISH_MAX_REL = 1e-8  # largest ||dX|| / max(1, ||X||) of a slice certificate (issued and rechecked alike)
@@ -238,16 +238,20 @@ def attention_hessian(problem: Problem, X) -> np.ndarray:
                       + 2 sum_ij G_ij e_i^T W e_j + ||Gamma o E||^2.
 
     Token blocks (i, k) of H: ``delta_ik A K_i A^T + (A K_i e_k) c_i^T + c_k (A K_k e_i)^T +
-    sum_j K_j[i, k] c_j c_j^T + G_ik W + G_ki W^T``. The last sum is one (n^2, n) x (n, d^2) product:
-    O(n^3 d^2) flops per head in BLAS-3, where dn generated HVPs cost the same order elementwise
-    (two heads (64, 256): 16384 HVPs took about 250 s). Checked against the generated dense kernel and
-    :func:`hessian_by_hvp_blocks` (``tests/test_interval_jacobian.py``). Memory: H and one (n^2, d^2)
-    product, 2 (dn)^2 floats.
+    sum_j K_j[i, k] c_j c_j^T + G_ik W + G_ki W^T``. H is filled one feature row a at a time, as the
+    (n, d, n) slab ``H[a n + i, b n + k]``: the sum over j is the (d, n) x (n, n^2) product
+    ``(C o c^a) K``, O(n^3 d) flops, so O(n^3 d^2) per head in BLAS-3, where dn generated HVPs cost
+    the same order elementwise (two heads (64, 256): 16384 HVPs took about 250 s); the other terms
+    are outer products on the slab. Checked against the generated dense kernel and
+    :func:`hessian_by_hvp_blocks` (``tests/test_interval_jacobian.py``). Memory: H, (dn)^2 floats,
+    and per head K (n^3) and two (n, d, n) arrays; filling H by token blocks and reordering it
+    took twice H, and about 3x the time at (64, 256).
     """
     X = np.asarray(X, np.float64)
     d, n = X.shape
     idx = np.arange(n)
-    Ht = None  # token blocks Ht[i, k] (d x d), reordered to the vec order at the end
+    Hm = np.zeros((d * n, d * n))
+    slabs = Hm.reshape(d, n, d, n)  # a view: slabs[a, i, b, k] = H[a n + i, b n + k]
     for h in range(problem.heads):
         W = np.asarray(problem.W[h], np.float64)
         u = np.asarray(problem.U[h], np.float64)
@@ -267,24 +271,20 @@ def attention_hessian(problem: Problem, X) -> np.ndarray:
         K[:, idx, idx] += f2 + G
         A = W @ X  # columns a_j = W x_j
         C = W.T @ X + u[:, None]  # columns c_i = W^T x_i + u
-        # sum_j K_j[i, k] c_j c_j^T: one (n^2, n) x (n, d^2) product, [i, k, a, b]
-        CC = (C.T[:, :, None] * C.T[:, None, :]).reshape(n, d * d)
-        T3 = (K.reshape(n, n * n).T @ CC).reshape(n, n, d, d)
-        if Ht is None:
-            Ht = T3
-        else:
-            Ht += T3
-        del T3
-        AKt = np.matmul(A, K).transpose(0, 2, 1)  # AKt[i, k] = A K_i e_k, (n, n, d)
-        Ht[idx, idx] += np.matmul(AKt.transpose(0, 2, 1), A.T)  # delta_ik A K_i A^T
-        for i in range(n):
-            # (A K_i e_k) c_i^T at block (i, k) and its transpose at (k, i); G_ik W + G_ki W^T
-            Ht[i] += AKt[i][:, :, None] * C[:, i][None, None, :]
-            Ht[:, i] += C[:, i][None, :, None] * AKt[i][:, None, :]
-            Ht[i] += G[i][:, None, None] * W[None] + G[:, i][:, None, None] * W.T[None]
-        del AKt, K
-    Hm = np.ascontiguousarray(Ht.transpose(2, 0, 3, 1)).reshape(d * n, d * n)  # [a, i, b, k]
-    del Ht
+        AK = np.matmul(A, K)  # AK[i, a, k] = (A K_i e_k)_a
+        AKA = np.matmul(AK, A.T)  # AKA[i] = A K_i A^T
+        AK_kbi = np.ascontiguousarray(AK.transpose(2, 1, 0))  # [k, b, i] = (A K_i e_k)_b
+        Kflat = K.reshape(n, n * n)
+        Ct = C.T
+        for a in range(d):
+            slab = slabs[a]  # [i, b, k]
+            # sum_j K_j[i, k] c_j^a c_j^b
+            slab += ((C * C[a][None, :]) @ Kflat).reshape(d, n, n).transpose(1, 0, 2)
+            slab += Ct[:, :, None] * AK[:, a, :][:, None, :]  # (A K_i e_k) c_i^T at block (i, k)
+            slab += AK_kbi * C[a][None, None, :]  # c_k (A K_k e_i)^T at block (i, k)
+            slab += G[:, None, :] * W[a][None, :, None] + G.T[:, None, :] * W[:, a][None, :, None]
+            slab[idx, :, idx] += AKA[:, a, :]  # delta_ik A K_i A^T
+        del K, Kflat, AK, AKA, AK_kbi
     Hm[np.diag_indices(d * n)] += (np.asarray(problem.Gamma, np.float64) ** 2).reshape(-1)
     return Hm
 
@@ -310,9 +310,13 @@ def prove_lambda_min(problem: Problem, X, T, claim: float) -> tuple[str, float]:
 
     dn = problem.d * problem.n
     attention = problem.variant == ATTENTION
-    # forming H: H and one (n^2, d^2) product (attention maps) or one block of HVPs in flight;
+    # forming H: H, K (n^3) and a few (n, d, n) slabs (attention maps) or one block of HVPs in flight;
     # then H, the symmetrisation's (or the orbit restriction's) temporaries and the factorised copy
-    forming = 16 * dn * dn if attention else 8 * dn * dn + HVP_BLOCK * operation_bytes("hvp", problem.d, problem.n, problem.heads)
+    d, n = problem.d, problem.n
+    if attention:
+        forming = 8 * (dn * dn + 4 * n**3 + 4 * n * dn)  # K and the temporaries of its expression
+    else:
+        forming = 8 * dn * dn + HVP_BLOCK * operation_bytes("hvp", d, n, problem.heads)
     need = max(forming, (3 if T is None or not T.shape[1] else 4) * 8 * dn * dn)
     budget = host_budget()
     if need > budget:
@@ -323,17 +327,17 @@ def prove_lambda_min(problem: Problem, X, T, claim: float) -> tuple[str, float]:
     H = attention_hessian(problem, X) if attention else hessian_by_hvp_blocks(problem, X)
     if not np.all(np.isfinite(H)):
         return "the dense Hessian has non-finite entries", math.inf
-    H += H.T
-    H *= 0.5
+    symmetrise(H)
     h_inf = float(np.max(np.sum(np.abs(H), axis=1)))
     # twice recheck's allowance for its own Hessian's rounding, so that its row sums confirm the bound; the
     # row sums here round at most dn + 1 times (a factor 1 + (dn + 3) eps covers them), inside the slack
     lam_max_up = h_inf + 2 * hessian_allowance(dn, h_inf)
-    if T is not None and T.shape[1]:
+    restricted = T is not None and T.shape[1]
+    if restricted:
         H = _restricted(H, T, h_inf)
     # one Cholesky factorisation first (about 10x cheaper than the eigenvalues at dn = 4096); where its
     # rounding term is too coarse for the claim, every eigenvalue, as recheck takes them, up to 4096
-    lam, t, margin = prove_claim_by_cholesky(H, claim, dn)
+    lam, t, margin = prove_claim_by_cholesky(H, claim, dn, h_inf=None if restricted else h_inf)
     if lam is not None:
         return "", lam_max_up
     if dn <= RECHECK_EIGH_MAX:

@@ -116,6 +116,22 @@ def test_blocked_reference_hessian_equals_jax_hessian(monkeypatch):
     assert np.array_equal(H, H.T)
 
 
+@settings(max_examples=25, deadline=None)
+@given(N=st.integers(1, 70), tile=st.integers(1, 32), seed=st.integers(0, 2**32 - 1))
+def test_tiled_symmetrise_is_bitwise_the_whole_matrix_one(N, tile, seed):
+    """``symmetrise`` by tiles (any tile size, N not a multiple of it) against ``(H + H^T) * 0.5`` taken
+    over the whole matrix: the same float64 numbers, so issuer and recheck certificates do not move."""
+    from solver.rounding import symmetrise
+
+    H = np.random.default_rng(seed).normal(size=(N, N)) * 10.0 ** np.random.default_rng(seed + 1).integers(-8, 8, (N, N))
+    expected = (H + H.T) * 0.5
+    out = symmetrise(H, tile=tile)
+    assert out is H
+    assert np.array_equal(H, expected)
+    with pytest.raises(ValueError, match="square"):
+        symmetrise(np.zeros((3, 4)))
+
+
 @pytest.fixture(scope="module")
 def matrix_free_certificate():
     """A certificate issued as at dn = 16384: lambda_min by Lanczos, with its Ritz residual as margin
