@@ -599,7 +599,8 @@ def _sigma_min_sq_with_blocks(blocks, V, on_block=None) -> tuple[float, dict]:
             on_block(rows, blk)
         Cm = blk[0] @ V
         np.add(Gm, Cm.T @ Cm, out=Gm)  # (NumPy calls BLAS syrk here: half a product's flops)
-        c_cols += np.sum(Cm * Cm, axis=0)
+        Cm *= Cm  # (not used again: squared in place)
+        c_cols += np.sum(Cm, axis=0)
         rad_sq += flint.arb(_radius_rows_sq(blk, k))
         m += Cm.shape[0]
         del Cm
@@ -619,7 +620,7 @@ def _sigma_min_sq_with_blocks(blocks, V, on_block=None) -> tuple[float, dict]:
     d_lo = s_lo * s_lo * (1.0 - 4.0 * midrad.U)  # <= D
     off /= s_lo[:, None]
     off /= s_lo[None, :]
-    e_off = midrad.norm_upper((midrad.up(off, 4), None))
+    e_off = midrad.norm_upper((midrad.up_in_place(off, 4), None))
     del off
 
     def scaled_sq_norm(col_sums):  # upper bound on ||M D^(-1/2)||_F^2 from M's column sums of squares
@@ -643,10 +644,11 @@ def _radius_rows_sq(blk, k: int) -> float:
     ``gamma_k`` the a-priori rounding of an inner product of length k (as in `midrad.matmul`)."""
     Am, Ar = blk
     gamma = 1.03 * (k + 1) * midrad.U
-    Z = gamma * np.abs(Am)
+    Z = np.abs(Am)
+    Z *= gamma
     if Ar is not None:
         Z += Ar
-    return midrad.norm_upper((midrad.up(Z, 2), None)) ** 2 * (1 + 4 * midrad.U)
+    return midrad.norm_upper((midrad.up_in_place(Z, 2), None)) ** 2 * (1 + 4 * midrad.U)
 
 
 def sigma_min_sq_lower_streamed(blocks, k: int, on_block=None) -> tuple[float, dict]:

@@ -82,6 +82,31 @@ def test_float_balls_contain_the_exact_results(seed, k, spread):
         assert _contains(midrad.matmul(x, y), exact_mid)
 
 
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), ops=st.integers(0, 10**6))
+def test_in_place_rounding_is_up_and_ball_operations_leave_their_inputs_alone(seed, ops):
+    """``up_in_place`` is bitwise ``up`` (the ball operations widen their fresh radii in place);
+    add, mul, matmul, magnitude and norm_upper with and without radii never write into their
+    arguments, and a missing radius counts as zero."""
+    rng = np.random.default_rng(seed)
+    x = np.abs(rng.standard_normal((4, 5))) * 10.0 ** rng.integers(-300, 300, size=(4, 5))
+    x[0, :3] = 0.0, midrad.TINY, 5e-324  # where TINY's place in the order of operations shows
+    assert np.array_equal(midrad.up_in_place(x.copy(), ops), midrad.up(x, ops))
+    with pytest.raises(ValueError, match="too many"):
+        midrad.up_in_place(x.copy(), 10**14)
+    a, c = _random_ball(rng, (3, 4), 3), _random_ball(rng, (3, 4), 3)
+    b = _random_ball(rng, (4, 2), 3)
+    saved = [v.copy() for v in (*a, *b, *c)]
+    for op in (lambda: midrad.add(a, c), lambda: midrad.add((a[0], None), c, -1.0), lambda: midrad.mul(a, c),
+               lambda: midrad.mul((a[0], None), (c[0], None)), lambda: midrad.matmul(a, b),
+               lambda: midrad.magnitude(a), lambda: midrad.norm_upper(c)):
+        op()
+    assert all(np.array_equal(v, w) for v, w in zip((*a, *b, *c), saved))
+    A, C = _member(rng, a), _member(rng, c)
+    assert _contains(midrad.add((a[0], None), c), _exact(a[0]) + _exact(C))
+    assert _contains(midrad.mul(a, (c[0], None)), _exact(A) * _exact(c[0]))
+
+
 def test_up_bounds_a_long_float_sum():
     rng = np.random.default_rng(0)
     x = np.abs(rng.standard_normal(5000)) * 10.0 ** rng.integers(-8, 9, size=5000)
