@@ -286,7 +286,8 @@ def _sampler(d: int, n: int, heads: int, variant: str, d_v: int):
     """``jax.jit`` of the vmapped :func:`_raw_instance` for one shape (one key per instance).
 
     Drawn eagerly, each random primitive compiled on its own (about 20 s per check); jitted,
-    the sampler compiles once per shape and key count and is shared by every lemma and region.
+    the sampler compiles once per shape and key count and is shared by every lemma and every
+    region of that shape.
     """
     shape = Region(d=d, n=n, heads=heads, variant=variant, d_v=d_v)
     return jax.jit(jax.vmap(lambda k: _raw_instance(shape, k)))

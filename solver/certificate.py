@@ -245,7 +245,7 @@ def attention_hessian(problem: Problem, X) -> np.ndarray:
     are outer products on the slab. Checked against the generated dense kernel and
     :func:`hessian_by_hvp_blocks` (``tests/test_interval_jacobian.py``). Memory: H, (dn)^2 floats,
     and per head K (n^3) and two (n, d, n) arrays; filling H by token blocks and reordering it
-    took twice H, and about 3x the time at (64, 256).
+    took twice H (4.5 GB against 2.6 GB at two heads (64, 256), 38 s against 34 s).
     """
     X = np.asarray(X, np.float64)
     d, n = X.shape
