@@ -31,7 +31,7 @@ from derivations.lemmas import SYMBOLS, lemma
 from solver.certificate import POLISH_MAX_REL, Certificate, array_digest
 from solver.errors import CertificateMismatchError, MemoryBudgetError
 from solver.problem import ATTENTION, Problem
-from solver.rounding import hessian_allowance, symmetrise
+from solver.rounding import hessian_allowance, inf_norm, symmetrise
 from solver.symmetry import symmetries
 
 from . import reference as ref
@@ -104,7 +104,7 @@ def recheck(certificate: Certificate | dict, problem: Problem, X, rtol: float = 
         # works with the claim itself, and refuses a claim it cannot prove
         from .rigorous import prove_claim_by_cholesky
 
-        h_inf = float(np.max(np.sum(np.abs(Hm), axis=1)))  # ||H||_inf, once: the margin and the L_g test
+        h_inf = inf_norm(Hm)  # once: the Cholesky test's margin and the L_g test
         lam_min, t, margin = prove_claim_by_cholesky(Hm, claim, d * n, h_inf=h_inf)
         if lam_min is None:
             raise CertificateMismatchError(
@@ -173,14 +173,14 @@ def _same_region(claimed, mine: dict, rtol: float) -> None:
 
 
 def _recheck_upper_constants(cert: Certificate, Hm: np.ndarray, lam_max_low: float | None, Mr: float, dn: int,
-                             rtol: float, h_inf: float | None = None) -> None:
+                             rtol: float, h_inf: float | None) -> None:
     """The local-Newton certificate's other constants: ``L_g >= lambda_max + M r`` (an upper bound on
     the Hessian over the ball), and ``eta = m^2 / M``, ``self_concordance = M / (2 m^1.5)`` from its own m
     and M. With every eigenvalue (``lam_max_low``: lambda_max less eigh's margin) L_g is compared with
     them; above ``RECHECK_EIGH_MAX`` it must bound ``||H||_inf (1 + 10 dn eps)`` (an induced norm bounds
     lambda_max, widened by the float64 allowance for H's rounding, :mod:`solver.rounding`), or failing
     that one Cholesky factorisation of ``(L_g - M r) I - H`` must prove ``lambda_max <= L_g - M r``.
-    ``h_inf``: ``||Hm||_inf`` where the caller has it (computed here otherwise)."""
+    ``h_inf``: ``||Hm||_inf``, given whenever ``lam_max_low`` is None."""
     c = cert.constants
     L_g, m, M = float(c["L_g"]), float(c["m"]), float(c["M"])
     for key, value in (("eta", m**2 / M), ("self_concordance", M / (2 * m**1.5))):
@@ -193,8 +193,6 @@ def _recheck_upper_constants(cert: Certificate, Hm: np.ndarray, lam_max_low: flo
             raise CertificateMismatchError(f"L_g: the certificate's {L_g:.6e} is below the recomputed lambda_max + M r "
                                            f"= {lam_max_low + Mr:.6e}")
         return
-    if h_inf is None:
-        h_inf = float(np.max(np.sum(np.abs(Hm), axis=1)))
     if h_inf + hessian_allowance(dn, h_inf) <= top:
         return
     from .rigorous import prove_claim_by_cholesky

@@ -19,7 +19,7 @@ import flint
 import numpy as np
 
 from derivations.lemmas import lemma
-from solver.rounding import hessian_allowance
+from solver.rounding import hessian_allowance, inf_norm
 
 from . import midrad
 from .region import Region
@@ -380,9 +380,7 @@ def prove_claim_by_cholesky(H: np.ndarray, claim: float, dn: int,
     Newton certificate above dn = 4096, and the one the issuer applies before it issues a Lanczos claim
     (:func:`solver.certificate.prove_lambda_min`). ``h_inf``: ``||H||_inf`` of this very H where the
     caller has it (one pass over the (dn, dn) array, with an |H| temporary, saved); computed otherwise."""
-    if h_inf is None:
-        h_inf = float(np.max(np.sum(np.abs(H), axis=1)))
-    margin = hessian_allowance(dn, h_inf)
+    margin = hessian_allowance(dn, inf_norm(H) if h_inf is None else h_inf)
     t = shift_to_prove(H, claim + margin)
     lam = lambda_min_at_least(H, t) if math.isfinite(t) else None
     if lam is None or not lam - margin >= claim:

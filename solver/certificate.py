@@ -68,7 +68,7 @@ import numpy as np
 from . import newton
 from .newton import LocalConstants, _project_out, _restricted, extreme_eigenvalues, local_constants
 from .problem import ATTENTION, Problem
-from .rounding import hessian_allowance, symmetrise
+from .rounding import hessian_allowance, inf_norm, symmetrise
 
 POLISH_STEPS = 8  # most Newton steps towards the double-double point of the slice certificates
 POLISH_MAX_REL = 1e-8  # largest ||dX|| / max(1, ||X||) of a slice certificate (issued and rechecked alike)
@@ -328,7 +328,7 @@ def prove_lambda_min(problem: Problem, X, T, claim: float) -> tuple[str, float]:
     if not np.all(np.isfinite(H)):
         return "the dense Hessian has non-finite entries", math.inf
     symmetrise(H)
-    h_inf = float(np.max(np.sum(np.abs(H), axis=1)))
+    h_inf = inf_norm(H)
     # twice recheck's allowance for its own Hessian's rounding, so that its row sums confirm the bound; the
     # row sums here round at most dn + 1 times (a factor 1 + (dn + 3) eps covers them), inside the slack
     lam_max_up = h_inf + 2 * hessian_allowance(dn, h_inf)

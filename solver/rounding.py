@@ -18,6 +18,12 @@ EPS = float(np.finfo(np.float64).eps)
 HESSIAN_ROUNDING = 10  # c in c dn eps ||H||: generous for eigvalsh's backward error and H's own rounding
 
 
+def inf_norm(H: np.ndarray) -> float:
+    """``||H||_inf``, the largest absolute row sum: it bounds every |eigenvalue| of a symmetric H, and
+    is the ``scale`` the dense tests give :func:`hessian_allowance` above the eigenvalue sizes."""
+    return float(np.max(np.sum(np.abs(H), axis=1)))
+
+
 def hessian_allowance(dn: int, scale: float) -> float:
     """``HESSIAN_ROUNDING dn eps scale``, scale a norm of the (dn, dn) Hessian (its largest absolute
     eigenvalue, or ``||H||_inf``, which bounds it)."""
