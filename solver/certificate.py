@@ -72,6 +72,8 @@ from .rounding import hessian_allowance, inf_norm, symmetrise
 
 POLISH_STEPS = 8  # most Newton steps towards the double-double point of the slice certificates
 POLISH_MAX_REL = 1e-8  # largest ||dX|| / max(1, ||X||) of a slice certificate (issued and rechecked alike)
+POLISH_MOVED = "the polish moved X"  # how slice_certificate's refusal for a larger ||dX|| begins
+SLICE_RECENTRES = 2  # most times recover moves X to the slice polish after that refusal
 FIT_RTOL = 1e-8  # relative residual up to which a certified critical point is said to reproduce B
 # dn up to which the interval-Hessian certificate is tried (dn HVPs in ball arithmetic); above it the
 # interval-Jacobian one, 55-58x faster at (8, 32) and 70-74x at (16, 32) with lambda_min bounds within 0.3%
@@ -475,6 +477,49 @@ def _slice_hessian(problem: Problem, X, P) -> np.ndarray:
     return P.T @ _hvp_rows(problem, X, k, lambda j, b: P[:, j:j + b].T).T
 
 
+def _slice_polish(problem: Problem, X, P, Hs, g_target: float) -> np.ndarray:
+    """The double-double correction ``dX`` (``(2, d, n)``: hi and lo) of up to ``POLISH_STEPS`` Newton
+    steps on the slice from X: the float64 slice Hessian ``Hs = P^T H P``, the gradient at ``X + dX``
+    from 320-bit ball arithmetic. Stops once ``||P^T grad|| <= g_target`` or a step gains less than 2x."""
+    from proofs_check.midrad import two_sum
+    from proofs_check.rigorous import gradient_enclosure
+
+    d, n = problem.d, problem.n
+    dX = np.zeros((2, d, n))
+    g_prev = math.inf
+    for _ in range(POLISH_STEPS):
+        mid, _ = gradient_enclosure(problem, X, dX)
+        gz = P.T @ mid.reshape(-1)
+        g = float(np.linalg.norm(gz))
+        if g <= g_target or not g < g_prev / 2:
+            break
+        g_prev = g
+        step = -(P @ np.linalg.solve(Hs, gz)).reshape(d, n)
+        hi, err = two_sum(dX[0], step)
+        dX = np.stack([hi, dX[1] + err])
+    return dX
+
+
+def recentre_on_slice(problem: Problem, X, sym) -> np.ndarray:
+    """X moved to the float64 point nearest its slice polish ``X + dX`` (`slice_certificate`'s Newton
+    steps: dense float64 Hessian on the slice, 320-bit gradient), for where Levenberg-Marquardt stopped
+    short of the critical point. On an ill-conditioned slice its matrix-free CG steps can stall at a
+    float64-level gradient far from it: one head (32, 128), seed 102 stopped at ``||grad|| = 3e-14``,
+    6.7e-7 from the critical point (2.5e-8 relative from the planted orbit), which the slice
+    certificate refuses to bridge (``POLISH_MAX_REL``). Raises ``CertificationError`` where the slice
+    Hessian is not positive definite (no Newton step to take)."""
+    from .errors import CertificationError
+
+    X = np.asarray(X, np.float64)
+    P = slice_basis(problem, X, sym)
+    Hs = symmetrise(_slice_hessian(problem, X, P))
+    lam = float(np.linalg.eigvalsh(Hs)[0])
+    if not lam > 0:
+        raise CertificationError(f"the Hessian on the slice is not positive definite at X (lambda_min {lam:.3e})")
+    dX = _slice_polish(problem, X, P, Hs, 0.0)
+    return X + (dX[0] + dX[1])
+
+
 def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
                       box_scales=(1e-20, 1e-19, 1e-18, 1e-16, 1e-12)) -> tuple[Certificate | None, str]:
     """The ``interval-hessian`` certificate at X (``interval-jacobian`` above ``SLICE_CERT_MAX``; see the
@@ -491,8 +536,7 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     it certifies at 1e-20.
     """
     from proofs_check.region import Region
-    from proofs_check.rigorous import gradient_enclosure, jacobian_slice_bounds, slice_bounds, slice_theorem
-    from proofs_check.midrad import two_sum
+    from proofs_check.rigorous import jacobian_slice_bounds, slice_bounds, slice_theorem
 
     if problem.variant != ATTENTION:
         return None, "the interval-Hessian certificate is for attention maps"
@@ -518,8 +562,7 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
         return None, (f"the interval-Hessian certificate is for exact fits: the loss at X is {loss:.3e} > {fit_tol:.1e} "
                       "(a strict local minimiser that does not reproduce the maps is not a recovery)")
     P = slice_basis(problem, X, sym)
-    Hs = _slice_hessian(problem, X, P)
-    Hs = (Hs + Hs.T) / 2
+    Hs = symmetrise(_slice_hessian(problem, X, P))
     lam = float(np.linalg.eigvalsh(Hs)[0])
     if not lam > 0:
         return None, f"the Hessian on the slice is not positive definite at X (lambda_min {lam:.3e})"
@@ -531,24 +574,13 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     # (32, 64), seed 102 (lam 2.3e-13) stopped at 2.8e-32, above the 1.4e-33 of its smallest box and
     # the 1.0e-32 of the next; certified or refused depended on the machine's rounding.
     scale = max(1.0, float(np.abs(X).max()))
-    g_target = min(1e-30, lam * box_scales[0] / 8) * scale
-    dX = np.zeros((2, d, n))
-    g_prev = math.inf
-    for _ in range(POLISH_STEPS):
-        mid, _ = gradient_enclosure(problem, X, dX)
-        gz = P.T @ mid.reshape(-1)
-        g = float(np.linalg.norm(gz))
-        if g <= g_target or not g < g_prev / 2:
-            break
-        g_prev = g
-        step = -(P @ np.linalg.solve(Hs, gz)).reshape(d, n)
-        hi, err = two_sum(dX[0], step)
-        dX = np.stack([hi, dX[1] + err])
+    dX = _slice_polish(problem, X, P, Hs, min(1e-30, lam * box_scales[0] / 8) * scale)
     moved = float(np.linalg.norm(dX.sum(axis=0)))
     if moved > POLISH_MAX_REL * max(1.0, float(np.linalg.norm(X))):
         # recheck holds a certificate to X + dX being a polish of X (the same test): refuse, never
-        # issue what it would reject (a 4-head MiniLM-like layer, dn = 2880: ||dX|| = 1.8e-6)
-        return None, (f"the polish moved X by ||dX|| = {moved:.1e} > {POLISH_MAX_REL:g} max(1, ||X||): X is not at the "
+        # issue what it would reject (a 4-head MiniLM-like layer, dn = 2880: ||dX|| = 1.8e-6);
+        # recover then moves X there (recentre_on_slice) and tries again
+        return None, (f"{POLISH_MOVED} by ||dX|| = {moved:.1e} > {POLISH_MAX_REL:g} max(1, ||X||): X is not at the "
                       "critical point to float64 accuracy")
     tried = []
     for s in box_scales:

@@ -319,12 +319,21 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         slice_reason = ""
         if consts is None and problem.variant == ATTENTION and problem.Gamma.max() == 0:
             # no M needed: polish to a double-double point and enclose the Hessian on a whole box
-            from .certificate import SLICE_CERT_MAX, slice_certificate
+            from .certificate import POLISH_MOVED, SLICE_CERT_MAX, SLICE_RECENTRES, recentre_on_slice, slice_certificate
 
             say(f"interval-{'Jacobian' if problem.d * problem.n > SLICE_CERT_MAX else 'Hessian'} certificate "
                 f"(dn = {problem.d * problem.n})")
             cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0)
             say("certified" if cert is not None else f"refused: {slice_reason}")
+            for _ in range(SLICE_RECENTRES):
+                if cert is not None or not slice_reason.startswith(POLISH_MOVED):
+                    break
+                # LM stopped short of the critical point (its CG steps stall on an ill-conditioned slice):
+                # move X to the slice polish, a Newton step with the dense slice Hessian, and try again
+                X = recentre_on_slice(problem, X, sym)
+                say(f"moved X to its slice polish (loss {float(problem.loss(X)):.2e}); interval certificate again")
+                cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0)
+                say("certified" if cert is not None else f"refused: {slice_reason}")
             if cert is not None:
                 return Result(X=X, status="certified", certificate=cert, history=history.as_list(), init=init,
                               symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,

@@ -198,3 +198,34 @@ def test_recover_certifies_one_head_32_128_after_balancing():
     assert res.status == "certified" and res.balanced and res.certificate.kind == "interval-jacobian"
     assert distance_to_orbit(problem, res.X, X_true) * np.linalg.norm(X_true) <= res.certificate.error_bound
     assert recheck(res.certificate, problem, res.X)["status"] == "certified"
+
+
+def test_recover_moves_x_to_its_slice_polish_when_lm_stopped_short(monkeypatch):
+    """Where LM stops short of the critical point (one head (32, 128), seed 102: 6.7e-7 from it, at
+    ||grad|| = 3e-14), the slice certificate refuses to bridge the gap (POLISH_MAX_REL); recover then
+    moves X to its slice polish and certifies there. Reproduced at (4, 8) by a start 3 POLISH_MAX_REL
+    ||X|| off the certified point along the slice's flattest direction, with LM switched off."""
+    import sys
+
+    import solver.certificate as certmod
+
+    recmod = sys.modules["solver.recover"]  # (the package's `recover` is the function)
+    problem, X_true = planted_instance(4, 8, seed=0, heads=1)
+    sym = symmetries(problem)
+    start = recover(problem, X_init=X_true, certify=False, validate=False, max_iter=60).X
+    # along the slice Hessian's flattest direction, as at seed 102, so that X still fits B
+    P = slice_basis(problem, start, sym)
+    Hs = P.T @ np.asarray(problem.hessian(start)).reshape(32, 32) @ P
+    direction = (P @ np.linalg.eigh((Hs + Hs.T) / 2)[1][:, 0]).reshape(start.shape)
+    start = start + 3 * certmod.POLISH_MAX_REL * np.linalg.norm(start) * direction
+    cert, why = slice_certificate(problem, start, sym, None, iterations=0)
+    assert cert is None and why.startswith(certmod.POLISH_MOVED)
+    monkeypatch.setattr(recmod, "levenberg_marquardt", lambda problem, X, *a, **k: X)
+    said = []
+    res = recover(problem, X_init=start, certify=False, validate=False, max_iter=60, progress=said.append)
+    assert res.status == "certified" and res.certificate.kind == "interval-hessian", res.certificate.reason
+    assert any("slice polish" in m for m in said)
+    assert distance_to_orbit(problem, res.X, X_true) <= 1e-12
+    assert recheck(res.certificate, problem, res.X)["status"] == "certified"
+    monkeypatch.setattr(certmod, "SLICE_RECENTRES", 0)  # and without the move, no certificate
+    assert recover(problem, X_init=start, certify=False, validate=False, max_iter=60).status == "uncertified"
