@@ -13,7 +13,11 @@ next to the float64 eigenvalue (not rigorous, for scale). The ball Hessian is sk
 Then, for ``--la-sizes`` (default 32x64, one head), the interval-Jacobian path's two dense
 factorisations, each against the one it replaced, in the same run: the slice basis (complete QR of
 the orbit tangent against the SVD of ``I - T T^T``) and the V of ``sigma_min_sq_lower`` (eigh of
-the Gram matrix against the SVD of the midpoint), with both bounds on ``sigma_min(J P)^2``.
+the Gram matrix against the SVD of the midpoint), with both bounds on ``sigma_min(J P)^2``; and the
+slice Hessian's float64 factorisation before the polish (``eigvalsh`` and two LU solves against
+`solver.certificate._slice_factor`, Cholesky and Lanczos on its inverse, and two back-substitutions),
+with both estimates of its lambda_min. The first table also gives both bounds on the Gauss-Newton
+remainder (`proofs_check.rigorous.remainder_bound`: row by row, and the one used).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 import numpy as np
 
 from proofs_check.rigorous import _sigma_min_sq_with, jacobian_slice_bounds, jacobian_slice_enclosure, slice_bounds
+from solver import certificate as certmod
 from solver.certificate import slice_basis
 from solver.io import atomic_write_json
 from solver.newton import _orthonormal
@@ -42,7 +47,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rows = []
     print(f"{'(d, n)':>9} {'seed':>4} {'hessian s':>10} {'jacobian s':>10} {'ratio':>7} "
-          f"{'l hessian':>10} {'l jacobian':>10} {'eig (float)':>11}")
+          f"{'l hessian':>10} {'l jacobian':>10} {'eig (float)':>11} {'rem rows':>9} {'rem used':>9}")
     for size in args.sizes.split(","):
         d, n = (int(v) for v in size.split("x"))
         for seed in (int(s) for s in args.seeds.split(",")):
@@ -63,10 +68,12 @@ def main(argv=None):
             Hs = P.T @ np.asarray(problem.hessian(X)).reshape(d * n, d * n) @ P
             eig = float(np.linalg.eigvalsh((Hs + Hs.T) / 2)[0])
             row = {"d": d, "n": n, "seed": seed, "hessian_seconds": th, "jacobian_seconds": tj,
-                   "ratio": th / tj, "l_hessian": lh, "l_jacobian": bj["l_lower"], "lambda_min_float": eig}
+                   "ratio": th / tj, "l_hessian": lh, "l_jacobian": bj["l_lower"], "lambda_min_float": eig,
+                   "remainder_rows": bj["hessian_remainder_rows"], "remainder": bj["hessian_remainder"]}
             rows.append(row)
             print(f"{f'({d}, {n})':>9} {seed:>4} {th:>10.2f} {tj:>10.2f} {row['ratio']:>7.1f} "
-                  f"{lh:>10.3e} {bj['l_lower']:>10.3e} {eig:>11.3e}", flush=True)
+                  f"{lh:>10.3e} {bj['l_lower']:>10.3e} {eig:>11.3e} {row['remainder_rows']:>9.2e} "
+                  f"{row['remainder']:>9.2e}", flush=True)
     la = linear_algebra(args.la_sizes, [int(s) for s in args.seeds.split(",")]) if args.la_sizes else []
     atomic_write_json(args.json, {"rows": rows, "linear_algebra": la, "box": "1e-20 max(1, |X|_max)",
                                   "threads": "OPENBLAS_NUM_THREADS as run"})
@@ -83,7 +90,8 @@ def linear_algebra(sizes: str, seeds: list[int]) -> list[dict]:
     """The factorisation table (see the module docstring)."""
     rows = []
     print(f"\n{'(d, n)':>9} {'seed':>4} {'basis svd s':>11} {'basis qr s':>10} {'ratio':>6} "
-          f"{'V svd s':>8} {'V eigh s':>8} {'ratio':>6} {'s2 (svd V)':>11} {'s2 (eigh V)':>11}")
+          f"{'V svd s':>8} {'V eigh s':>8} {'ratio':>6} {'s2 (svd V)':>11} {'s2 (eigh V)':>11} "
+          f"{'Hs eig+LU s':>11} {'Hs chol s':>9} {'ratio':>6} {'lam eigvalsh':>12} {'lam lanczos':>12}")
     for size in sizes.split(","):
         d, n = (int(v) for v in size.split("x"))
         for seed in seeds:
@@ -99,14 +107,39 @@ def linear_algebra(sizes: str, seeds: list[int]) -> list[dict]:
             Am = A[0]
             (s_svd, _), t_vsvd = _timed(lambda: _sigma_min_sq_with(A, np.linalg.svd(Am, full_matrices=False)[2].T))
             (s_eig, info), t_veig = _timed(lambda: _sigma_min_sq_with(A, np.linalg.eigh(Am.T @ Am)[1]))
+            Hs = certmod.symmetrise(certmod._slice_hessian(problem, X, P))
+            g = np.random.default_rng(seed).standard_normal(Hs.shape[0])
+
+            def old():
+                lam = float(np.linalg.eigvalsh(Hs)[0])
+                np.linalg.solve(Hs, g), np.linalg.solve(Hs, g)
+                return lam
+
+            def new():
+                import scipy.linalg as sl
+
+                saved = certmod.SLICE_EIGVALSH_MAX
+                certmod.SLICE_EIGVALSH_MAX = 0  # Lanczos whatever k
+                try:
+                    factor, lam, _ = certmod._slice_factor(Hs)
+                finally:
+                    certmod.SLICE_EIGVALSH_MAX = saved
+                sl.cho_solve(factor, g), sl.cho_solve(factor, g)
+                return lam
+
+            lam_old, t_hold = _timed(old)
+            lam_new, t_hnew = _timed(new)
             row = {"d": d, "n": n, "seed": seed, "k": k, "basis_svd_seconds": t_bsvd, "basis_qr_seconds": t_bqr,
+                   "slice_eigvalsh_lu_seconds": t_hold, "slice_cholesky_lanczos_seconds": t_hnew,
+                   "lambda_min_eigvalsh": lam_old, "lambda_min_lanczos": lam_new,
                    "V_svd_seconds": t_vsvd, "V_eigh_seconds": t_veig, "s2_svd_V": s_svd, "s2_eigh_V": s_eig,
                    "gram_offdiag_rel_eigh_V": info.get("gram_offdiag_rel"),
                    "basis_complement_defect": float(np.linalg.norm(P.T @ T)),
                    "basis_svd_complement_defect": float(np.linalg.norm(P_svd.T @ T))}
             rows.append(row)
             print(f"{f'({d}, {n})':>9} {seed:>4} {t_bsvd:>11.2f} {t_bqr:>10.2f} {t_bsvd / t_bqr:>6.1f} "
-                  f"{t_vsvd:>8.2f} {t_veig:>8.2f} {t_vsvd / t_veig:>6.1f} {s_svd:>11.4e} {s_eig:>11.4e}", flush=True)
+                  f"{t_vsvd:>8.2f} {t_veig:>8.2f} {t_vsvd / t_veig:>6.1f} {s_svd:>11.4e} {s_eig:>11.4e} "
+                  f"{t_hold:>11.2f} {t_hnew:>9.2f} {t_hold / t_hnew:>6.1f} {lam_old:>12.5e} {lam_new:>12.5e}", flush=True)
     return rows
 
 

@@ -200,6 +200,26 @@ def test_recover_certifies_one_head_32_128_after_balancing():
     assert recheck(res.certificate, problem, res.X)["status"] == "certified"
 
 
+def test_slice_lambda_min_by_lanczos_matches_eigvalsh(one_head, monkeypatch):
+    """Above ``SLICE_EIGVALSH_MAX`` the slice Hessian's lambda_min is estimated by Lanczos on its
+    Cholesky inverse; forced here on the small instance, it matches ``eigvalsh``, and the certificate
+    issued through that path rechecks."""
+    import solver.certificate as certmod
+
+    problem, _, X, sym, _, _ = one_head
+    P = slice_basis(problem, X, sym)
+    Hs = certmod.symmetrise(certmod._slice_hessian(problem, X, P))
+    _, lam_eig, _ = certmod._slice_factor(Hs)
+    monkeypatch.setattr(certmod, "SLICE_EIGVALSH_MAX", 0)
+    factor, lam_lanczos, why = certmod._slice_factor(Hs)
+    assert factor is not None, why
+    assert lam_lanczos == pytest.approx(lam_eig, rel=1e-8)
+    cert, why = slice_certificate(problem, X, sym, None, iterations=0)
+    assert cert is not None, why
+    assert cert.constants["lambda_min"] == pytest.approx(lam_eig, rel=1e-8)
+    assert recheck(cert, problem, X)["status"] == "certified"
+
+
 def test_recover_moves_x_to_its_slice_polish_when_lm_stopped_short(monkeypatch):
     """Where LM stops short of the critical point (one head (32, 128), seed 102: 6.7e-7 from it, at
     ||grad|| = 3e-14), the slice certificate refuses to bridge the gap (POLISH_MAX_REL); recover then
