@@ -22,8 +22,9 @@ Three kinds leave every logit matrix's softmax (hence B) unchanged:
 
 Above d = LIE_DENSE_MAX_D the dense ``(H d^2, d^2)`` system for g is not built: heads whose
 ranks split d (``W_h = W_q^T P_h W_k``, a BERT layer) go through :func:`factored_algebra`, two
-generic invertible heads through the commutant of ``W_1^{-1} W_2``. Above d = LIE_COMMUTANT_MIN_D
-two or more heads take the commutant too where it applies (the dense system where it does not).
+generic invertible heads through the commutant of ``W_1^{-1} W_2`` (one head: of ``(W + W^T)^{-1}
+(W - W^T)``). Above d = LIE_COMMUTANT_MIN_D the commutant is taken where it applies (the dense
+system where it does not).
 
 ``symmetry_dimension`` is ``dim g + dim(translations)``: the dimension of the
 orbit of a generic X, i.e. the number of directions the unregularised Hessian
@@ -123,16 +124,21 @@ def symmetries(problem: Problem, rtol: float = 1e-10, factors: tuple | None = No
         sizes = _check_factors(W, Wq, Wk, int(dh))
         return _with_translations_and_reflection(
             problem, W, factored_algebra(problem, Wq / math.sqrt(dh), Wk, sizes, rtol), rtol)
+    affine = None
+    if problem.heads == 1 and problem.has_bias and problem.variant != OUTPUT and \
+            np.linalg.cond(W[0]) < 1e12:
+        # the bias shifts only column means, which the mean column m absorbs (see Symmetry.affine)
+        affine = (W[0], np.asarray(problem.U[0], dtype=np.float64))
     if d > LIE_DENSE_MAX_D:  # the dense system below has H d^4 entries
         found = head_factors(W, rtol) if problem.heads >= 2 else None
         if found is not None:
             return _with_translations_and_reflection(problem, W, factored_algebra(problem, *found, rtol), rtol)
-        return _symmetries_large(problem, W, rtol)
-    if d > LIE_COMMUTANT_MIN_D and problem.heads >= 2:
+        return _symmetries_large(problem, W, rtol, affine)
+    if d > LIE_COMMUTANT_MIN_D:
         from .errors import MemoryBudgetError
 
         try:
-            return _symmetries_large(problem, W, rtol)
+            return _symmetries_large(problem, W, rtol, affine)
         except MemoryBudgetError:
             pass  # the commutant reduction does not apply; the dense system below still fits
     rows = []
@@ -140,12 +146,7 @@ def symmetries(problem: Problem, rtol: float = 1e-10, factors: tuple | None = No
     for Wh in W:
         # vec_r(A^T W + W A) = (W^T (x) I) P vec_r(A) + (W (x) I) vec_r(A), P the transpose permutation
         rows.append(np.kron(eye, Wh.T)[:, _transpose_perm(d)] + np.kron(Wh, eye))
-    affine = None
-    if problem.heads == 1 and problem.has_bias and problem.variant != OUTPUT and \
-            np.linalg.cond(W[0]) < 1e12:
-        # the bias shifts only column means, which the mean column m absorbs (see Symmetry.affine)
-        affine = (W[0], np.asarray(problem.U[0], dtype=np.float64))
-    else:
+    if affine is None:
         for uh in np.asarray(problem.U, dtype=np.float64):
             if np.any(uh != 0):
                 # A^T u = 0  <=>  sum_a A[a, b] u[a] = 0 for every b
@@ -163,42 +164,46 @@ def symmetries(problem: Problem, rtol: float = 1e-10, factors: tuple | None = No
     return _with_translations_and_reflection(problem, W, lie, rtol, affine)
 
 
-LIE_DENSE_MAX_D = 64  # above this d, the stabiliser algebra comes from the commutant (two or more heads)
-# above this d, two or more heads try the commutant first: the dense system's QR and SVDs (8192 x 4096
-# at d = 64, two heads) took 80 s of a 162 s recover at (64, 256), and recheck repeats them
+LIE_DENSE_MAX_D = 64  # above this d, the stabiliser algebra comes from the commutant (or the head factors)
+# above this d, the commutant is tried first: the dense system's QR and SVDs (8192 x 4096 at d = 64, two
+# heads) took 80 s of a 162 s recover at (64, 256), and recheck repeats them; one head's 4096 x 4096 SVD
+# took 63 s of recover and 75 s of recheck at (64, 128) (profile, 3 runs on 2 cores)
 LIE_COMMUTANT_MIN_D = 32
 
 
-def _symmetries_large(problem: Problem, W: np.ndarray, rtol: float) -> Symmetry:
-    """:func:`symmetries` without the (H d^2) x d^2 system, for d > LIE_DENSE_MAX_D.
+def _symmetries_large(problem: Problem, W: np.ndarray, rtol: float, affine: tuple | None = None) -> Symmetry:
+    """:func:`symmetries` without the (H d^2) x d^2 system (above LIE_COMMUTANT_MIN_D).
 
     Every A in the algebra commutes with ``C = W_1^{-1} W_2`` (differentiate
-    ``Q^{-1} C Q = C``, which follows from ``Q^T W_h Q = W_h``). When C has distinct
+    ``Q^{-1} C Q = C``, which follows from ``Q^T W_h Q = W_h``). One head pairs the symmetric and
+    antisymmetric parts instead, ``W_1 = W + W^T`` and ``W_2 = W - W^T``: ``Q^T W Q = W`` preserves
+    both (it preserves ``W^T`` too). When C has distinct
     eigenvalues, ``C = V diag(lambda) V^{-1}``, its real commutant is d-dimensional,
     spanned by ``v_k w_k^T`` (real eigenvalues) and the real and imaginary parts of
     that matrix (complex pairs), w_k the rows of V^{-1}; the constraints of the
-    algebra are then a (H d^2 + ...) x d system. Otherwise (one head, a singular
-    W_1, repeated eigenvalues) it refuses with MemoryBudgetError.
+    algebra are then a (H d^2 + ...) x d system. Otherwise (a singular W_1, repeated
+    eigenvalues) it refuses with MemoryBudgetError. ``affine``: one head's bias, absorbed by the
+    column mean (`Symmetry.affine`) instead of constraining A, as in :func:`symmetries`.
     """
     from .errors import MemoryBudgetError
 
     d = problem.d
     need = 8 * (problem.heads + 2) * d**4
     reason = None
-    if problem.heads < 2:
-        reason = "one head has no second head to pair with"
-    elif np.linalg.cond(W[0]) > 1e12:
-        reason = "W_1 is singular"
+    first, second = (W[0], W[1]) if problem.heads >= 2 else (W[0] + W[0].T, W[0] - W[0].T)
+    if np.linalg.cond(first) > 1e12:
+        reason = "W_1 is singular" if problem.heads >= 2 else "W + W^T is singular"
     if reason is None:
-        lam, V = np.linalg.eig(np.linalg.solve(W[0], W[1]))
+        lam, V = np.linalg.eig(np.linalg.solve(first, second))
         scale = max(1.0, float(np.max(np.abs(lam))))
         gaps = np.abs(lam[:, None] - lam[None, :]) + np.eye(d) * scale
         if float(gaps.min()) < 1e-8 * scale or np.linalg.cond(V) > 1e10:
-            reason = "W_1^{-1} W_2 has (nearly) repeated eigenvalues"
+            reason = ("W_1^{-1} W_2" if problem.heads >= 2 else "(W + W^T)^{-1} (W - W^T)") + \
+                " has (nearly) repeated eigenvalues"
     if reason is not None:
         raise MemoryBudgetError(
             f"symmetry analysis at d = {d}: the commutant reduction does not apply ({reason}), and the dense "
-            f"system needs about {need / 1024**3:.1f} GiB; use d <= {LIE_DENSE_MAX_D} or two generic heads")
+            f"system needs about {need / 1024**3:.1f} GiB; use d <= {LIE_DENSE_MAX_D} or generic heads")
     Vinv = np.linalg.inv(V)
     basis = []
     for k in range(d):
@@ -211,7 +216,8 @@ def _symmetries_large(problem: Problem, W: np.ndarray, rtol: float) -> Symmetry:
 
     def constraints(A):
         out = [A.T @ Wh + Wh @ A for Wh in W]
-        out += [A.T @ uh for uh in np.asarray(problem.U, np.float64) if np.any(uh != 0)]
+        if affine is None:
+            out += [A.T @ uh for uh in np.asarray(problem.U, np.float64) if np.any(uh != 0)]
         if problem.variant == OUTPUT:
             out += [A.T @ Wv for Wv in np.asarray(problem.W_V, np.float64)]
         return np.concatenate([o.reshape(-1) for o in out])
@@ -223,7 +229,7 @@ def _symmetries_large(problem: Problem, W: np.ndarray, rtol: float) -> Symmetry:
         lie = q.T.reshape(-1, d, d)
     else:
         lie = np.zeros((0, d, d))
-    return _with_translations_and_reflection(problem, W, lie, rtol)
+    return _with_translations_and_reflection(problem, W, lie, rtol, affine)
 
 
 def head_factors(W: np.ndarray, rtol: float = 1e-10) -> tuple | None:

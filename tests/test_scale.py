@@ -272,3 +272,47 @@ def test_lanczos_converges_where_300_steps_did_not_and_keeps_to_its_memory_cap(m
     assert residual <= 1e-2 * theta and abs(theta - 3e-5) <= residual
     monkeypatch.setattr(newton, "LANCZOS_MAX_BYTES", 8 * dim * 50)
     assert newton.lanczos_smallest(lambda v: ev * v, v0)[2] == 50
+
+
+@pytest.mark.parametrize("d", [34, 35])
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_head_takes_the_commutant_of_its_symmetric_and_antisymmetric_parts(monkeypatch, d, bias):
+    """One head above LIE_COMMUTANT_MIN_D: the algebra from the commutant of ``(W + W^T)^{-1} (W -
+    W^T)`` is the dense system's (the same subspace, the same translations, sign flip and affine
+    bias), odd d included (a zero eigenvalue); a symmetric W (W - W^T = 0: one repeated eigenvalue)
+    falls back to the dense system. At one head (64, 128) the dense SVD took 63 s of recover."""
+    import solver.symmetry as symmetry_module
+    from solver import Problem
+    from solver.symmetry import symmetries
+
+    rng = np.random.default_rng(d)
+    B = np.full((5, 5), 0.2)
+    u = rng.normal(size=d) if bias else None
+    Wg = rng.normal(size=(d, d))
+    for W, reduced in ((Wg, True), (Wg + Wg.T, False)):
+        p = Problem.create(W, B, u=u)
+        calls = []
+        real_large = symmetry_module._symmetries_large
+
+        def spy(*a):
+            try:
+                out = real_large(*a)
+            except Exception:
+                calls.append("refused")
+                raise
+            calls.append("reduced")
+            return out
+
+        monkeypatch.setattr(symmetry_module, "_symmetries_large", spy)
+        fast = symmetries(p)
+        monkeypatch.setattr(symmetry_module, "LIE_COMMUTANT_MIN_D", d)
+        dense = symmetries(p)
+        monkeypatch.undo()
+        assert calls == ["reduced" if reduced else "refused"]
+        assert fast.dimension == dense.dimension and fast.sign_flip == dense.sign_flip
+        assert (fast.affine is None) == (dense.affine is None) == (not bias)
+        assert fast.translations.shape == dense.translations.shape
+        k = dense.lie_algebra.shape[0]
+        assert k >= d // 2  # a generic W: floor(d / 2) (more for a symmetric one)
+        A, Bl = dense.lie_algebra.reshape(k, -1).T, fast.lie_algebra.reshape(k, -1).T
+        np.testing.assert_allclose(np.linalg.svd(A.T @ Bl)[1], np.ones(k), atol=1e-8)
