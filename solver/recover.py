@@ -181,8 +181,9 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
       ``RESTARTS`` = 8; ``SQUARE_OUTPUT_RESTARTS`` = 1024 for the square output system, where
       the search stops at the first start that ends on a proved root)
     - `progress`: optional callable ``progress(message: str)``, called at each stage (start,
-      solver pass, certificate tried and its outcome): the large certificates take minutes
-      (one head (32, 128): about 3.5) and say nothing otherwise
+      solver pass, certificate tried and its outcome), or True to print those messages to
+      stderr (False or None: silent): the large certificates take minutes (one head (32, 128): about 3.5) and say
+      nothing otherwise
 
     The square attention-output system (one head, d_v = d, no regulariser): each random start
     runs LM, then Newton on ``O(X) = B`` (:func:`solver.roots.polish`), and the first one that
@@ -203,6 +204,15 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
     t0 = time.perf_counter()
     if not _integer_at_least(seed, 0):
         raise InvalidProblemError(f"recover: seed must be a non-negative integer, got {seed!r}")
+    if progress is True:
+        import sys
+
+        def progress(message: str) -> None:
+            print(f"recover: {message}", file=sys.stderr, flush=True)
+    elif progress is False:
+        progress = None
+    elif progress is not None and not callable(progress):
+        raise InvalidProblemError(f"recover: progress must be a callable, True, False or None, got {progress!r}")
 
     def say(message: str) -> None:
         if progress is not None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from proofs_check.recheck import recheck
 from solver import CertificateMismatchError, CertificationError, planted_instance
+from solver.errors import InvalidProblemError
 from solver.recover import recover
 from solver.symmetry import distance_to_orbit
 
@@ -128,3 +129,15 @@ def test_every_certificate_on_forty_seeds_rechecks(family):
         else:
             assert res.certificate.error_bound is None
     assert certified >= 35  # measured: 199/200 with 32 starts, 200/200 with 256 (output); 200/200 (one head), at (4, 8)
+
+
+def test_progress_true_prints_each_stage_and_a_wrong_progress_is_refused(capsys):
+    problem, _ = planted_instance(3, 6, heads=2, seed=0)
+    res = recover(problem, validate=False, progress=True)
+    err = capsys.readouterr().err
+    assert res.status == "certified"
+    assert "recover: closed-form start" in err and err.count("recover: ") >= 2
+    recover(problem, validate=False, progress=False)
+    assert capsys.readouterr().err == ""
+    with pytest.raises(InvalidProblemError, match="progress must be a callable"):
+        recover(problem, validate=False, progress="yes")
