@@ -578,8 +578,8 @@ def remainder_bound(F, R, Pc, Qc, w_norm: float) -> dict:
     is rounding noise of random sign, the norms replace sums over n^2 entries: one head (32, 128),
     seed 102, on a box of half-width 1.5e-20, ``||E|| <= 1.3e-15`` against 5.7e-13 row by row, where
     ``sigma_min(J P)^2 >= 4.7e-13``; with the row-by-row pair alone (the bound until this function)
-    lambda_min >= -1.0e-13 and no certificate. At (4, 16) and (8, 32) (the tests) 35-99x smaller at
-    rounding-noise residuals, 3-5x where the residual sits in one row."""
+    lambda_min >= -1.0e-13 and no certificate. At (4, 16) and (8, 32) 35-99x smaller at rounding-noise
+    residuals, 3-5x where the residual sits in one row (ad hoc; the test runs (4, 16) and asserts 5x)."""
     d, n = Pc[0].shape
     pn, qn2 = midrad.two_norm_upper(Pc), midrad.two_norm_upper(Qc)
     rho = midrad.mul(R, F)

@@ -501,10 +501,13 @@ def _slice_factor(Hs: np.ndarray) -> tuple[object | None, float, str]:
         return None, lam, (f"the Hessian on the slice is not positive definite at X to float64 accuracy (its Cholesky "
                            f"factorisation fails; lambda_min {lam:.3e})")
     if k > SLICE_EIGVALSH_MAX:
-        from scipy.sparse.linalg import LinearOperator, eigsh
+        from scipy.sparse.linalg import ArpackError, ArpackNoConvergence, LinearOperator, eigsh
 
         inverse = LinearOperator((k, k), matvec=lambda v: sl.cho_solve(factor, v), dtype=np.float64)
-        lam = 1.0 / float(eigsh(inverse, k=1, which="LA", v0=np.ones(k), tol=1e-10, return_eigenvectors=False)[0])
+        try:
+            lam = 1.0 / float(eigsh(inverse, k=1, which="LA", v0=np.ones(k), tol=1e-10, return_eigenvectors=False)[0])
+        except (ArpackNoConvergence, ArpackError):
+            lam = float(np.linalg.eigvalsh(Hs)[0])  # (the slow way, not seen to be needed)
     return factor, lam, ""
 
 

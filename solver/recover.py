@@ -335,14 +335,20 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                 f"(dn = {problem.d * problem.n})")
             cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0)
             say("certified" if cert is not None else f"refused: {slice_reason}")
+            raw = slice_reason
             for _ in range(SLICE_RECENTRES):
-                if cert is not None or not slice_reason.startswith(POLISH_MOVED):
+                if cert is not None or not raw.startswith(POLISH_MOVED):
                     break
                 # LM stopped short of the critical point (its CG steps stall on an ill-conditioned slice):
                 # move X to the slice polish, a Newton step with the dense slice Hessian, and try again
-                X = recentre_on_slice(problem, X, sym)
+                try:
+                    X = recentre_on_slice(problem, X, sym)
+                except CertificationError as e:
+                    slice_reason += f"; no slice polish to move to: {e}"
+                    break
                 say(f"moved X to its slice polish (loss {float(problem.loss(X)):.2e}); interval certificate again")
-                cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0)
+                cert, raw = slice_certificate(problem, X, sym, None, iterations=0)
+                slice_reason = raw and f"after moving X to its slice polish: {raw}"
                 say("certified" if cert is not None else f"refused: {slice_reason}")
             if cert is not None:
                 return Result(X=X, status="certified", certificate=cert, history=history.as_list(), init=init,
