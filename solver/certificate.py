@@ -615,7 +615,7 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     if moved > POLISH_MAX_REL * max(1.0, float(np.linalg.norm(X))):
         # recheck holds a certificate to X + dX being a polish of X (the same test): refuse, never
         # issue what it would reject (a 4-head MiniLM-like layer, dn = 2880: ||dX|| = 1.8e-6);
-        # recover then moves X there (recentre_on_slice) and tries again
+        # recover then moves X there (recentre_on_slice) and tries again (that layer: certified)
         return None, (f"{POLISH_MOVED} by ||dX|| = {moved:.1e} > {POLISH_MAX_REL:g} max(1, ||X||): X is not at the "
                       "critical point to float64 accuracy")
     tried = []
