@@ -47,7 +47,7 @@ class Step:
     """One iteration record."""
 
     iteration: int
-    regime: str  # "uncertified-lm", "certified-damped", "certified-quadratic"
+    regime: str  # "uncertified-lm", "uncertified-log-gauss-newton", "slice-polish", "certified-damped", "certified-quadratic"
     loss: float
     grad_norm: float
     newton_decrement: float

@@ -342,11 +342,19 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                 # LM stopped short of the critical point (its CG steps stall on an ill-conditioned slice):
                 # move X to the slice polish, a Newton step with the dense slice Hessian, and try again
                 try:
-                    X = recentre_on_slice(problem, X, sym)
+                    X_moved = recentre_on_slice(problem, X, sym)
                 except CertificationError as e:
                     slice_reason += f"; no slice polish to move to: {e}"
                     break
-                say(f"moved X to its slice polish (loss {float(problem.loss(X)):.2e}); interval certificate again")
+                # recorded like an LM step: the gradient norm before it, the loss after it, and the Newton
+                # decrement sqrt(<s, H s>) of the step s at the X it started from
+                step = X_moved - X
+                history.add(regime="slice-polish", loss=float(problem.loss(X_moved)),
+                            grad_norm=float(np.linalg.norm(np.asarray(problem.grad(X)))),
+                            newton_decrement=math.sqrt(abs(float(np.vdot(step, np.asarray(problem.hvp(X, step)))))),
+                            step_size=1.0)
+                X = X_moved
+                say(f"moved X to its slice polish (loss {history.steps[-1].loss:.2e}); interval certificate again")
                 cert, raw = slice_certificate(problem, X, sym, None, iterations=0)
                 slice_reason = raw and f"after moving X to its slice polish: {raw}"
                 say("certified" if cert is not None else f"refused: {slice_reason}")

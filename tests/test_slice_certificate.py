@@ -245,6 +245,8 @@ def test_recover_moves_x_to_its_slice_polish_when_lm_stopped_short(monkeypatch):
     res = recover(problem, X_init=start, certify=False, validate=False, max_iter=60, progress=said.append)
     assert res.status == "certified" and res.certificate.kind == "interval-hessian", res.certificate.reason
     assert any("slice polish" in m for m in said)
+    moves = [h for h in res.history if h["regime"] == "slice-polish"]  # the move, in the history
+    assert len(moves) == 1 and 0 < moves[0]["newton_decrement"] and moves[0]["loss"] < float(problem.loss(start))
     assert distance_to_orbit(problem, res.X, X_true) <= 1e-12
     assert recheck(res.certificate, problem, res.X)["status"] == "certified"
     monkeypatch.setattr(certmod, "SLICE_RECENTRES", 0)  # and without the move, no certificate

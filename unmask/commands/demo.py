@@ -25,7 +25,7 @@ def _plot(history, path, certificate=None):
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     colours = {"uncertified-log-gauss-newton": "tab:purple", "uncertified-lm": "tab:gray",
-               "certified-damped": "tab:orange", "certified-quadratic": "tab:blue"}
+               "slice-polish": "tab:red", "certified-damped": "tab:orange", "certified-quadratic": "tab:blue"}
     for regime, colour in colours.items():
         pts = [(s["iteration"], s["grad_norm"]) for s in history if s["regime"] == regime]
         if pts:
