@@ -537,27 +537,9 @@ def _slice_polish(problem: Problem, X, P, factor, g_target: float) -> np.ndarray
     return dX
 
 
-def recentre_on_slice(problem: Problem, X, sym) -> np.ndarray:
-    """X moved to the float64 point nearest its slice polish ``X + dX`` (`slice_certificate`'s Newton
-    steps: dense float64 Hessian on the slice, 320-bit gradient), for where Levenberg-Marquardt stopped
-    short of the critical point. On an ill-conditioned slice its matrix-free CG steps can stall at a
-    float64-level gradient far from it: one head (32, 128), seed 102 stopped at ``||grad|| = 3e-14``,
-    6.7e-7 from the critical point (2.5e-8 relative from the planted orbit), which the slice
-    certificate refuses to bridge (``POLISH_MAX_REL``). Raises ``CertificationError`` where the slice
-    Hessian is not positive definite (no Newton step to take)."""
-    from .errors import CertificationError
-
-    X = np.asarray(X, np.float64)
-    P = slice_basis(problem, X, sym)
-    factor, _, why = _slice_factor(symmetrise(_slice_hessian(problem, X, P)))
-    if factor is None:
-        raise CertificationError(why)
-    dX = _slice_polish(problem, X, P, factor, 0.0)
-    return X + (dX[0] + dX[1])
-
-
 def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
-                      box_scales=(1e-20, 1e-19, 1e-18, 1e-16, 1e-12)) -> tuple[Certificate | None, str]:
+                      box_scales=(1e-20, 1e-19, 1e-18, 1e-16, 1e-12),
+                      polished: list | None = None) -> tuple[Certificate | None, str]:
     """The ``interval-hessian`` certificate at X (``interval-jacobian`` above ``SLICE_CERT_MAX``; see the
     module docstring), or ``(None, why not)``.
 
@@ -570,6 +552,12 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     definite at 1e-18, and with the polish stopped at 1e-30 its gradient (2.8e-32) was above
     ``l r`` at 1e-20 and 1e-19 on one machine and below it at 1e-20 on another. Polished to 2.6e-37
     it certifies at 1e-20.
+
+    Refuses where the polish moves X by more than ``POLISH_MAX_REL`` max(1, ||X||) (recheck's own test),
+    and then appends the float64 point of ``X + dX`` to ``polished`` where that list is given: `recover`
+    moves X there and tries again. Levenberg-Marquardt's matrix-free CG steps can stall on an
+    ill-conditioned slice: one head (32, 128), seed 102 stopped at ``||grad|| = 3e-14``, 6.7e-7 from the
+    critical point (2.5e-8 relative from the planted orbit).
     """
     from proofs_check.region import Region
     from proofs_check.rigorous import jacobian_slice_bounds, slice_bounds, slice_theorem
@@ -615,7 +603,10 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     if moved > POLISH_MAX_REL * max(1.0, float(np.linalg.norm(X))):
         # recheck holds a certificate to X + dX being a polish of X (the same test): refuse, never
         # issue what it would reject (a 4-head MiniLM-like layer, dn = 2880: ||dX|| = 1.8e-6);
-        # recover then moves X there (recentre_on_slice) and tries again (that layer: certified)
+        # recover then moves X there (the float64 point of X + dX, appended to `polished` where given)
+        # and tries again (that layer: certified)
+        if polished is not None:
+            polished.append(X + (dX[0] + dX[1]))
         return None, (f"{POLISH_MOVED} by ||dX|| = {moved:.1e} > {POLISH_MAX_REL:g} max(1, ||X||): X is not at the "
                       "critical point to float64 accuracy")
     tried = []

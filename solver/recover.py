@@ -329,23 +329,19 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
         slice_reason = ""
         if consts is None and problem.variant == ATTENTION and problem.Gamma.max() == 0:
             # no M needed: polish to a double-double point and enclose the Hessian on a whole box
-            from .certificate import POLISH_MOVED, SLICE_CERT_MAX, SLICE_RECENTRES, recentre_on_slice, slice_certificate
+            from .certificate import SLICE_CERT_MAX, SLICE_RECENTRES, slice_certificate
 
             say(f"interval-{'Jacobian' if problem.d * problem.n > SLICE_CERT_MAX else 'Hessian'} certificate "
                 f"(dn = {problem.d * problem.n})")
-            cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0)
+            polished = []  # where the certificate refused because its polish moved X too far: that point
+            cert, slice_reason = slice_certificate(problem, X, sym, None, iterations=0, polished=polished)
             say("certified" if cert is not None else f"refused: {slice_reason}")
-            raw = slice_reason
             for _ in range(SLICE_RECENTRES):
-                if cert is not None or not raw.startswith(POLISH_MOVED):
+                if cert is not None or not polished:
                     break
                 # LM stopped short of the critical point (its CG steps stall on an ill-conditioned slice):
-                # move X to the slice polish, a Newton step with the dense slice Hessian, and try again
-                try:
-                    X_moved = recentre_on_slice(problem, X, sym)
-                except CertificationError as e:
-                    slice_reason += f"; no slice polish to move to: {e}"
-                    break
+                # move X to the slice polish, Newton steps with the dense slice Hessian, and try again
+                X_moved = polished.pop()
                 # recorded like an LM step: the gradient norm before it, the loss after it, and the Newton
                 # decrement sqrt(<s, H s>) of the step s at the X it started from
                 step = X_moved - X
@@ -355,7 +351,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                             step_size=1.0)
                 X = X_moved
                 say(f"moved X to its slice polish (loss {history.steps[-1].loss:.2e}); interval certificate again")
-                cert, raw = slice_certificate(problem, X, sym, None, iterations=0)
+                cert, raw = slice_certificate(problem, X, sym, None, iterations=0, polished=polished)
                 slice_reason = raw and f"after moving X to its slice polish: {raw}"
                 say("certified" if cert is not None else f"refused: {slice_reason}")
             if cert is not None:
