@@ -327,6 +327,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                               symmetry_dimension=sym.dimension, seconds=time.perf_counter() - t0, starts=starts,
                               balanced=balanced)
         slice_reason = ""
+        moved = False  # whether X was moved to a slice polish after the local Newton test ran
         if consts is None and problem.variant == ATTENTION and problem.Gamma.max() == 0:
             # no M needed: polish to a double-double point and enclose the Hessian on a whole box
             from .certificate import SLICE_CERT_MAX, SLICE_RECENTRES, slice_certificate
@@ -349,7 +350,7 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                             grad_norm=float(np.linalg.norm(np.asarray(problem.grad(X)))),
                             newton_decrement=math.sqrt(abs(float(np.vdot(step, np.asarray(problem.hvp(X, step)))))),
                             step_size=1.0)
-                X = X_moved
+                X, moved = X_moved, True
                 say(f"moved X to its slice polish (loss {history.steps[-1].loss:.2e}); interval certificate again")
                 cert, raw = slice_certificate(problem, X, sym, None, iterations=0, polished=polished)
                 slice_reason = raw and f"after moving X to its slice polish: {raw}"
@@ -381,6 +382,8 @@ def recover(problem: Problem, *, X_init=None, certify: bool = True, validate: bo
                      "and no M can help while lambda_min <= 0"))
         if why:  # Lanczos' lambda_min met the condition, but the dense Hessian did not prove it
             reason = f"the local Newton certificate's {why}"
+        if moved:  # lam0, gn and why are those of the LM point; the X returned is the slice polish
+            reason = f"at the LM point, before the move to its slice polish: {reason}"
         if validation is not None and validation["status"] != "OK":
             reason = f"the checker's validation of the M lemma failed on the region: {validation}"
         if slice_reason:

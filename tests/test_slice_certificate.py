@@ -249,5 +249,22 @@ def test_recover_moves_x_to_its_slice_polish_when_lm_stopped_short(monkeypatch):
     assert len(moves) == 1 and 0 < moves[0]["newton_decrement"] and moves[0]["loss"] < float(problem.loss(start))
     assert distance_to_orbit(problem, res.X, X_true) <= 1e-12
     assert recheck(res.certificate, problem, res.X)["status"] == "certified"
+    # where the certificate refuses again after the move, the reason says which point each part is of
+    real, calls = certmod.slice_certificate, []
+
+    def refuse_after_the_move(*a, **k):
+        calls.append(1)
+        return real(*a, **k) if len(calls) == 1 else (None, "refused for the test")
+
+    monkeypatch.setattr(certmod, "SLICE_RECENTRES", 1)
+    monkeypatch.setattr(certmod, "slice_certificate", refuse_after_the_move)
+    monkeypatch.setattr(recmod, "BALANCE_MAX_DIM", 0)  # no retry at the orbit's smallest-norm point
+    out = recover(problem, X_init=start, certify=False, validate=False, max_iter=60)
+    assert out.status == "uncertified" and len(calls) == 2, (out.certificate.kind, len(calls))
+    assert "at the LM point, before the move to its slice polish: " in out.certificate.reason
+    assert out.certificate.reason.endswith("; after moving X to its slice polish: refused for the test")
+    assert distance_to_orbit(problem, out.X, X_true) <= 1e-12  # the X returned is the moved one
+    monkeypatch.undo()  # slice_certificate, SLICE_RECENTRES, BALANCE_MAX_DIM and LM back
+    monkeypatch.setattr(recmod, "levenberg_marquardt", lambda problem, X, *a, **k: X)
     monkeypatch.setattr(certmod, "SLICE_RECENTRES", 0)  # and without the move, no certificate
     assert recover(problem, X_init=start, certify=False, validate=False, max_iter=60).status == "uncertified"
