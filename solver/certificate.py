@@ -393,18 +393,24 @@ def build_certificate(problem: Problem, X, consts_run: LocalConstants | None, sy
     )
 
 
-def _fit_clause(problem: Problem, loss: float) -> str:
+def fit_verdict(problem: Problem, loss: float) -> str:
     """What the loss at X says about that critical point (unregularised problems), as the relative
     residual ``sqrt(2 L) / max(1, ||B||)``: at most ``FIT_RTOL`` (the accuracy benchmark's 1e-8) it
     reproduces B, so it is a global minimiser; above, it is only a local minimiser, and the
-    certificate says so instead of implying a recovery."""
+    certificate says so instead of implying a recovery. ``unmask recover`` prints it next to the
+    certificate's summary, so that a B no X produces is reported with its residual."""
     if np.any(problem.Gamma != 0):
-        return "; a minimiser of the regularised loss"
+        return "a minimiser of the regularised loss"
     rel = math.sqrt(2 * max(loss, 0.0)) / max(1.0, float(np.linalg.norm(problem.B)))
     if loss <= exact_fit_tolerance(problem):  # 1/2 (FIT_RTOL max(1, ||B||))^2, the same test
-        return f"; it reproduces B to a relative residual of {rel:.1e}: a global minimiser (L = 0 up to that)"
-    return (f"; relative residual {rel:.1e} > {FIT_RTOL:g}: a strict local minimiser that does NOT reproduce B "
+        return f"it reproduces B to a relative residual of {rel:.1e}: a global minimiser (L = 0 up to that)"
+    return (f"relative residual {rel:.1e} > {FIT_RTOL:g}: a strict local minimiser that does NOT reproduce B "
             "(not an exact recovery)")
+
+
+def _fit_clause(problem: Problem, loss: float) -> str:
+    """:func:`fit_verdict` as the last clause of a certificate's ``uniqueness``."""
+    return "; " + fit_verdict(problem, loss)
 
 
 def root_certificate(problem: Problem, X, root, sym, validation, iterations: int) -> Certificate:

@@ -30,7 +30,8 @@ def test_recover_writes_x_and_certificate(instance_files, capsys):
     Xr = np.load(tmp / "X.npy")
     assert Xr.shape == X.shape
     assert not list(tmp.glob("*.part"))  # nothing half-written left behind
-    err = capsys.readouterr().err  # progress lines, timed, on stderr
+    out, err = capsys.readouterr()  # progress lines, timed, on stderr
+    assert "fit: it reproduces B to a relative residual of" in out
     assert "closed-form start" in err and "local Newton certificate holds" in err and " s] " in err
     main(["recover", "--W", str(tmp / "W.npy"), "--B", str(tmp / "B.npy"), "--out", str(tmp / "X.npy"), "--quiet"])
     assert capsys.readouterr().err == ""
@@ -55,6 +56,28 @@ def test_recover_output_variant_writes_a_kantorovich_certificate(tmp_path, capsy
     rc = main(["recover", "--W", str(tmp_path / "W.npy"), "--B", str(tmp_path / "O.npy"), "--W-V",
                str(tmp_path / "Wv.npy"), "--out", str(tmp_path / "X0.npy"), "--restarts", "0"])
     assert rc == 2 and "restarts must be an integer >= 1" in capsys.readouterr().err and not (tmp_path / "X0.npy").exists()
+
+
+def test_recover_reports_the_residual_of_a_b_that_no_x_produces(instance_files, capsys):
+    """Random stochastic maps (no X makes them): whatever certificate the minimiser gets, the
+    command's output gives the residual and says that X does not reproduce B."""
+    tmp, problem, _ = instance_files
+    rng = np.random.default_rng(3)
+    B = rng.random(np.shape(problem.B)) + 0.1
+    np.save(tmp / "Brand.npy", B / B.sum(axis=-1, keepdims=True))
+    rc = main(["recover", "--W", str(tmp / "W.npy"), "--B", str(tmp / "Brand.npy"), "--out", str(tmp / "Xr.npy"),
+               "--quiet", "--no-certify"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    line = next(s for s in out.splitlines() if s.startswith("fit: "))
+    assert "does NOT reproduce B" in line, out
+    rel = float(line.split("relative residual ")[1].split()[0])
+    Xr = np.load(tmp / "Xr.npy")
+    from solver import Problem
+
+    again = Problem.create(problem.W, np.load(tmp / "Brand.npy"))  # the residual, recomputed from the written X
+    assert rel == pytest.approx(np.sqrt(2 * float(again.loss(Xr))) / max(1.0, np.linalg.norm(again.B)), rel=0.02)  # (printed to 2 digits)
+    assert rel > 1e-3
 
 
 def test_recover_bad_inputs(instance_files, capsys):

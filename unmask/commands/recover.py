@@ -43,6 +43,7 @@ def add_arguments(p):
 def run(args) -> int:
     from pathlib import Path
 
+    from solver.certificate import fit_verdict
     from solver.errors import InputFileError
     from solver.io import atomic_save_npy, atomic_write_json
     from solver.recover import recover
@@ -66,5 +67,7 @@ def run(args) -> int:
     print(f"d={problem.d} n={problem.n} heads={problem.heads}: init {result.init}, loss {result.certificate.loss:.3e}, "
           f"{len(result.history)} iterations, {time.perf_counter() - t0:.1f} s")
     print(result.certificate.summary())
+    # the fit, certified or not: a certified critical point of a B that no X produces is no recovery
+    print(f"fit: {fit_verdict(problem, result.certificate.loss)}")
     print(f"wrote {args.out}" + (f" and {args.certificate}" if args.certificate else ""))
     return 0
