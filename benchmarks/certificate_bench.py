@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from _common import timed
 from proofs_check.rigorous import _sigma_min_sq_with, jacobian_slice_bounds, jacobian_slice_enclosure, slice_bounds
 from solver import certificate as certmod
 from solver.certificate import slice_basis
@@ -80,12 +81,6 @@ def main(argv=None):
     print(f"wrote {args.json}")
 
 
-def _timed(f):
-    t = time.perf_counter()
-    out = f()
-    return out, time.perf_counter() - t
-
-
 def linear_algebra(sizes: str, seeds: list[int]) -> list[dict]:
     """The factorisation table (see the module docstring)."""
     rows = []
@@ -100,13 +95,13 @@ def linear_algebra(sizes: str, seeds: list[int]) -> list[dict]:
             sym = symmetries(problem)
             T = _orthonormal(sym.orbit_tangent(X))
             dn, k = d * n, T.shape[1]
-            P_svd, t_bsvd = _timed(lambda: np.linalg.svd(np.eye(dn) - T @ T.T)[0][:, : dn - k])
-            P, t_bqr = _timed(lambda: slice_basis(problem, X, sym))
+            P_svd, t_bsvd = timed(lambda: np.linalg.svd(np.eye(dn) - T @ T.T)[0][:, : dn - k])
+            P, t_bqr = timed(lambda: slice_basis(problem, X, sym))
             box = 1e-20 * max(1.0, float(np.abs(X).max()))
             A, _ = jacobian_slice_enclosure(problem, X, np.zeros_like(X), P, box)
             Am = A[0]
-            (s_svd, _), t_vsvd = _timed(lambda: _sigma_min_sq_with(A, np.linalg.svd(Am, full_matrices=False)[2].T))
-            (s_eig, info), t_veig = _timed(lambda: _sigma_min_sq_with(A, np.linalg.eigh(Am.T @ Am)[1]))
+            (s_svd, _), t_vsvd = timed(lambda: _sigma_min_sq_with(A, np.linalg.svd(Am, full_matrices=False)[2].T))
+            (s_eig, info), t_veig = timed(lambda: _sigma_min_sq_with(A, np.linalg.eigh(Am.T @ Am)[1]))
             Hs = certmod.symmetrise(certmod._slice_hessian(problem, X, P))
             g = np.random.default_rng(seed).standard_normal(Hs.shape[0])
 
@@ -127,8 +122,8 @@ def linear_algebra(sizes: str, seeds: list[int]) -> list[dict]:
                 sl.cho_solve(factor, g), sl.cho_solve(factor, g)
                 return lam
 
-            lam_old, t_hold = _timed(old)
-            lam_new, t_hnew = _timed(new)
+            lam_old, t_hold = timed(old)
+            lam_new, t_hnew = timed(new)
             row = {"d": d, "n": n, "seed": seed, "k": k, "basis_svd_seconds": t_bsvd, "basis_qr_seconds": t_bqr,
                    "slice_eigvalsh_lu_seconds": t_hold, "slice_cholesky_lanczos_seconds": t_hnew,
                    "lambda_min_eigvalsh": lam_old, "lambda_min_lanczos": lam_new,

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
 
+from _common import size_pairs, timed
 from proofs_check.recheck import RECHECK_EIGH_MAX
 from solver.certificate import attention_hessian, hessian_by_hvp_blocks, prove_lambda_min
 from solver.io import atomic_write_json
@@ -28,25 +28,9 @@ from solver.newton import extreme_eigenvalues
 from solver.problem import planted_instance
 
 
-def _timed(f):
-    t = time.perf_counter()
-    out = f()
-    return out, time.perf_counter() - t
-
-
-def _sizes(text):
-    try:
-        pairs = [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes takes d x n pairs like 32x64,64x128, got {text!r}") from None
-    if any(len(p) != 2 or min(p) < 1 for p in pairs):
-        raise argparse.ArgumentTypeError(f"--sizes takes d x n pairs of positive integers, got {text!r}")
-    return pairs
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=_sizes, default=_sizes("32x64,32x128,64x128"), help="d x n pairs")
+    ap.add_argument("--sizes", type=size_pairs, default=size_pairs("32x64,32x128,64x128"), help="d x n pairs")
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dense-max", type=int, default=2048, help="largest dn for the generated dense kernel")
@@ -61,14 +45,14 @@ def main(argv=None):
         problem, X = planted_instance(d, n, seed=args.seed, heads=args.heads)
         X = np.asarray(X, np.float64)
         dn = d * n
-        Hc, t_closed = _timed(lambda: attention_hessian(problem, X))
-        Hv, t_hvp = _timed(lambda: hessian_by_hvp_blocks(problem, X))
+        Hc, t_closed = timed(lambda: attention_hessian(problem, X))
+        Hv, t_hvp = timed(lambda: hessian_by_hvp_blocks(problem, X))
         scale = float(np.linalg.norm(Hv))
         diff_hvp = float(np.linalg.norm(Hc - Hv)) / scale
         del Hv
         t_dense = diff_dense = None
         if dn <= args.dense_max:
-            Hd, t_dense = _timed(lambda: np.asarray(problem.hessian(X), np.float64).reshape(dn, dn))
+            Hd, t_dense = timed(lambda: np.asarray(problem.hessian(X), np.float64).reshape(dn, dn))
             diff_dense = float(np.linalg.norm(Hc - Hd)) / scale
             del Hd
         if dn <= RECHECK_EIGH_MAX:
@@ -78,7 +62,7 @@ def main(argv=None):
             lam = extreme_eigenvalues(problem, X)[0]
             source = "lanczos"
         del Hc
-        (why, lam_max_bound), t_prove = _timed(lambda: prove_lambda_min(problem, X, None, 0.5 * lam))
+        (why, lam_max_bound), t_prove = timed(lambda: prove_lambda_min(problem, X, None, 0.5 * lam))
         row = {"d": d, "n": n, "heads": args.heads, "seed": args.seed, "dn": dn, "closed_form_seconds": t_closed,
                "hvp_blocks_seconds": t_hvp, "ratio_hvp_to_closed": t_hvp / t_closed, "dense_kernel_seconds": t_dense,
                "relative_difference_hvp": diff_hvp, "relative_difference_dense": diff_dense,

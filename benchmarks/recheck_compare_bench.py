@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from _common import size_pairs
 from proofs_check import midrad
 from proofs_check import reference as ref
 from proofs_check.recheck import COMPARE_DIRECTIONS
@@ -32,16 +33,6 @@ from solver.io import atomic_write_json
 from solver.memory import host_budget
 from solver.problem import planted_instance
 from solver.symmetry import symmetries
-
-
-def _sizes(text):
-    try:
-        pairs = [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes takes d x n pairs like 16x64,64x128, got {text!r}") from None
-    if any(len(p) != 2 or min(p) < 1 for p in pairs):
-        raise argparse.ArgumentTypeError(f"--sizes takes d x n pairs of positive integers, got {text!r}")
-    return pairs
 
 
 def compare_both(problem, X, P, rows_per_block):
@@ -77,7 +68,7 @@ def compare_both(problem, X, P, rows_per_block):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=_sizes, default=_sizes("16x64,32x128,64x128"), help="d x n pairs")
+    ap.add_argument("--sizes", type=size_pairs, default=size_pairs("16x64,32x128,64x128"), help="d x n pairs")
     ap.add_argument("--heads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="benchmarks/results/recheck_compare_bench.json")
