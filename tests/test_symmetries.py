@@ -239,3 +239,32 @@ def test_component_flips_are_in_the_stabiliser_and_outside_its_identity_componen
         assert np.linalg.det(Q) > 0 and not np.allclose(Q, np.eye(8))  # -I on a plane: det +1, yet not reachable
     two, _ = planted_instance(4, 8, heads=2, seed=0)
     assert component_flips(two) == []
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_distance_to_orbit_projects_a_far_least_squares_q_onto_the_group(seed, monkeypatch):
+    """X = F g X_true + noise with F a component flip and g far out (cond 550): the least-squares Q
+    with X ~ Q X_true misses the group by 8e-8-1e-7 (its conditioning times the noise), above the
+    1e-8 membership test, and Gauss-Newton from the identity stays in the wrong component (2.5-3.2).
+    Projected onto the group, it gives a distance below the noise's own, a bound that holds because
+    X - noise is on the orbit (one head (64, 128), seed 38: 3.0 reported, 1.4e-8 after projection)."""
+    import scipy.linalg
+
+    import solver.symmetry as symmod
+    from solver.symmetry import component_flips
+
+    problem, Xt = planted_instance(8, 16, heads=1, seed=seed)
+    Xt = np.asarray(Xt)
+    sym = symmetries(problem)
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal(sym.lie_algebra.shape[0])
+    for scale in (1, 2, 4, 8):
+        Q = component_flips(problem)[0] @ scipy.linalg.expm(np.tensordot(scale * c, sym.lie_algebra, axes=1))
+        if np.linalg.cond(Q) > 200:
+            break
+    noise = 1e-9 * np.linalg.norm(Q @ Xt) / np.sqrt(Xt.size) * rng.standard_normal(Xt.shape)
+    X = Q @ Xt + noise
+    dist = distance_to_orbit(problem, X, Xt, sym)
+    assert dist <= np.linalg.norm(noise) / np.linalg.norm(Xt) * (1 + 1e-6), dist
+    monkeypatch.setattr(symmod, "_project_to_group", lambda problem, Q, **kw: Q)
+    assert distance_to_orbit(problem, X, Xt, sym) > 1.0  # the path this test is about
