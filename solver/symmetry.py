@@ -604,15 +604,21 @@ def distance_to_orbit(problem: Problem, X: np.ndarray, X_true: np.ndarray, sym: 
     return float(best)
 
 
+PROJECT_MAX_BYTES = 1 << 30  # largest Jacobian _project_to_group forms (else Q is returned unprojected)
+
+
 def _project_to_group(problem: Problem, Q: np.ndarray, steps: int = 3, max_move: float = 1e-6) -> np.ndarray:
     """A point of ``{Q : Q^T W_h Q = W_h, Q^T u_h = u_h}`` near Q (the linear action): Gauss-Newton on
     those equations with minimum-norm steps (``lstsq`` on the (H (d^2 + d), d^2) Jacobian, O(d^6):
     about a minute at d = 64), from a Q that is already nearly in the group (relative defect at most
-    ``max_move``); Q unchanged when it is not, or when the steps move it by more than ``max_move ||Q||``.
+    ``max_move``); Q unchanged when it is not, when the steps move it by more than ``max_move ||Q||``,
+    or when the Jacobian would exceed ``PROJECT_MAX_BYTES`` (d above about 107 with one head).
     The caller still tests membership, with the same tolerance as for any other Q."""
     d = Q.shape[0]
     W = np.asarray(problem.W, np.float64)
     U = np.asarray(problem.U, np.float64)
+    if 8 * W.shape[0] * (d * d + d) * d * d > PROJECT_MAX_BYTES:  # the Jacobian: 136 MB at d = 64, 170 GB at 384
+        return Q
     eye = np.eye(d)
     qn = float(np.linalg.norm(Q, 2))
 
