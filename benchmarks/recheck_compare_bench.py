@@ -20,13 +20,12 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from _common import size_pairs
 from proofs_check import midrad
 from proofs_check import reference as ref
-from proofs_check.recheck import COMPARE_DIRECTIONS
+from proofs_check.recheck import COMPARE_DIRECTIONS, reference_slice_directions
 from proofs_check.rigorous import _jacobian_slice_rows, _jacobian_slice_setup, jacobian_streaming_plan
 from solver.certificate import slice_basis
 from solver.io import atomic_write_json
@@ -44,12 +43,7 @@ def compare_both(problem, X, P, rows_per_block):
                             for h in range(problem.heads)])
     t_whole = time.perf_counter() - t
     t = time.perf_counter()
-    Z = np.random.default_rng(0).standard_normal((P.shape[1], COMPARE_DIRECTIONS))
-    PZ = jnp.asarray((P @ Z).T.reshape(COMPARE_DIRECTIONS, d, n))
-    ref_JPZ = np.concatenate([
-        np.asarray(jax.vmap(lambda v, h=h: jax.jvp(lambda Y: ref.attention(Y, problem.W[h], problem.U[h]),
-                                                   (jnp.asarray(X),), (v,))[1])(PZ)).reshape(COMPARE_DIRECTIONS, n * n).T
-        for h in range(problem.heads)])
+    Z, ref_JPZ = reference_slice_directions(problem, X, P)
     t_dirs = time.perf_counter() - t
     sq = np.zeros(4)  # diff and reference, whole then directions
     for rows, ball in _jacobian_slice_rows(heads, P, n, rows_per_block):

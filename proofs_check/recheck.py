@@ -329,9 +329,23 @@ def _recheck_root(cert: Certificate, problem: Problem, X: np.ndarray, rtol: floa
             "residual_norm": rn, "error_bound": err, "radius": uniq, "correction_norm": cn}
 
 
-def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> dict:
+def reference_slice_directions(problem: Problem, X: np.ndarray, P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(Z, J_ref P Z)``: ``COMPARE_DIRECTIONS`` fixed Gaussian columns Z (k, s) and the reference
+    attention maps' directional derivatives (``jax.jvp``) along the slice directions ``P z``, stacked
+    as the rows of ``J P`` are, (H n^2, s)."""
     import jax.numpy as jnp
 
+    d, n = X.shape
+    Z = np.random.default_rng(0).standard_normal((P.shape[1], COMPARE_DIRECTIONS))
+    PZ = jnp.asarray((P @ Z).T.reshape(COMPARE_DIRECTIONS, d, n))
+    Xj = jnp.asarray(X)
+    return Z, np.concatenate([
+        np.asarray(jax.vmap(lambda v, h=h: jax.jvp(lambda Y: ref.attention(Y, problem.W[h], problem.U[h]),
+                                                   (Xj,), (v,))[1])(PZ)).reshape(COMPARE_DIRECTIONS, n * n).T
+        for h in range(problem.heads)])
+
+
+def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> dict:
     from .rigorous import gradient_enclosure, jacobian_slice_bounds, slice_bounds, slice_theorem
 
     d, n = X.shape
@@ -363,14 +377,7 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         # of J_ref P was formed and compared (jax.jacfwd, then an (n^2 H, dn) x (dn, k) product) it took 45 s
         # and 1 GiB at one head (64, 128); a formula error moves (J P) z for almost every z, by about the same
         # relative amount as J P itself (random-sign sums on both sides of the 1e-8 slack)
-        k = P.shape[1]
-        Z = np.random.default_rng(0).standard_normal((k, COMPARE_DIRECTIONS))
-        PZ = (P @ Z).T.reshape(COMPARE_DIRECTIONS, d, n)
-        Xj = jnp.asarray(X)
-        ref_JPZ = np.concatenate([
-            np.asarray(jax.vmap(lambda v, h=h: jax.jvp(lambda Y: ref.attention(Y, problem.W[h], problem.U[h]),
-                                                       (Xj,), (v,))[1])(jnp.asarray(PZ)))
-            .reshape(COMPARE_DIRECTIONS, n * n).T for h in range(problem.heads)])  # (H n^2, s)
+        Z, ref_JPZ = reference_slice_directions(problem, X, P)
         diff_sq, rad_sq, ref_sq = 0.0, 0.0, 0.0
 
         def compare(rows, ball):
