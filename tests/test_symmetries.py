@@ -241,6 +241,68 @@ def test_component_flips_are_in_the_stabiliser_and_outside_its_identity_componen
     assert component_flips(two) == []
 
 
+@pytest.mark.parametrize("d, n, seed", [(8, 16, 79), (16, 32, 2), (16, 32, 5)])
+def test_cosquare_blocks_parametrise_the_stabiliser(d, n, seed):
+    """The eigenbasis parametrisation the orbit search uses, checked against the null-space algebra
+    (computed independently, from the linear conditions ``A^T W + W A = 0``): L's generators
+    ``V diag(L_p) V^-1`` are real, in that algebra and independent (so they span it: same
+    dimension), random elements ``V diag(exp(L c)) V^-1`` are in the group, and the O(d^2) norm
+    ``delta^H M delta`` equals ``||Q X||_F^2`` computed directly."""
+    from solver.symmetry import _cosquare_blocks
+
+    problem, X = planted_instance(d, n, heads=1, seed=seed)
+    X = np.asarray(X)
+    W = np.asarray(problem.W[0])
+    sym = symmetries(problem)
+    ev, V, Vinv, L = _cosquare_blocks(problem)
+    k = sym.lie_algebra.shape[0]
+    assert L.shape == (d, k)
+    basis = sym.lie_algebra.reshape(k, -1)
+    gens = []
+    for p in range(k):
+        G = (V * L[:, p]) @ Vinv
+        assert np.abs(G.imag).max() <= 1e-9 * np.abs(G.real).max()
+        gens.append(G.real.reshape(-1))
+        np.testing.assert_allclose(G.real.T @ W + W @ G.real, 0, atol=1e-9 * np.abs(G.real).max() * np.abs(W).max())
+        coef = np.linalg.lstsq(basis.T, G.real.reshape(-1), rcond=None)[0]
+        assert np.linalg.norm(basis.T @ coef - G.real.reshape(-1)) <= 1e-8 * np.linalg.norm(G.real)
+    assert np.linalg.matrix_rank(np.array(gens), tol=1e-8 * np.abs(np.array(gens)).max()) == k
+    rng = np.random.default_rng(seed)
+    Y = Vinv @ X
+    M = (V.conj().T @ V) * (Y @ Y.conj().T).conj()
+    for _ in range(3):
+        delta = np.exp(L @ rng.standard_normal(k))
+        Qc = (V * delta) @ Vinv
+        assert np.abs(Qc.imag).max() <= 1e-9 * np.abs(Qc.real).max()
+        np.testing.assert_allclose(Qc.real.T @ W @ Qc.real, W, atol=1e-8 * np.abs(W).max() * np.abs(Qc).max() ** 2)
+        assert np.real(np.vdot(delta, M @ delta)) == pytest.approx(np.linalg.norm(Qc.real @ X) ** 2, rel=1e-9)
+
+
+def test_balance_orbit_crosses_a_half_turn_that_balance_and_flips_cannot(monkeypatch):
+    """One head (16, 32), seed 2: X moved by a component flip and a half-turn of one compact block
+    (in the identity component, but across a barrier of the norm). Balancing, and every product of
+    flips after it (the search up to e715932), stop at 17.3; the orbit search reaches 11.326, the
+    planted X's balanced norm, on the same orbit. One head (64, 128), seed 48 was this case: 62.7,
+    where the slice certificate was refused, against 31.9."""
+    import math
+
+    import solver.symmetry as symmod
+    from solver.symmetry import balance_orbit, component_flips, component_turns
+
+    problem, X = planted_instance(16, 32, heads=1, seed=2)
+    sym = symmetries(problem)
+    _, ref = balance_orbit(problem, sym, X)
+    assert ref <= np.linalg.norm(X) * (1 + 1e-9)
+    far = sym.act(component_turns(problem, angles=(math.pi,))[2] @ component_flips(problem)[0], X)
+    Y, norm = balance_orbit(problem, sym, far)
+    assert norm == pytest.approx(ref, rel=1e-6)
+    assert float(problem.loss(Y)) <= 1e-20
+    assert distance_to_orbit(problem, Y, X, sym) <= 1e-8
+    monkeypatch.setattr(symmod, "orbit_norm_search", lambda *a, **k: None)
+    _, old = balance_orbit(problem, sym, far)
+    assert old > 1.5 * ref  # without the search: the path above is live
+
+
 @pytest.mark.parametrize("seed", [3, 4])
 def test_distance_to_orbit_projects_a_far_least_squares_q_onto_the_group(seed, monkeypatch):
     """X = F g X_true + noise with F a component flip and g far out (cond 550): the least-squares Q
