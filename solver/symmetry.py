@@ -661,8 +661,7 @@ def orbit_norm_search(problem: Problem, sym: Symmetry, X: np.ndarray, starts: in
     if not scale > 0 or not np.isfinite(scale):
         return None
     M = M / scale
-    real_cols = [p for p in range(L.shape[1]) if np.all(L[:, p].imag == 0) and np.count_nonzero(L[:, p]) == 2
-                 and np.all(ev[np.nonzero(L[:, p])[0]].imag == 0)]
+    real_cols = [p for p in range(L.shape[1]) if np.all(L[:, p].imag == 0) and np.count_nonzero(L[:, p]) == 2]
     circle_cols = [p for p in range(L.shape[1]) if np.all(L[:, p].real == 0)]
     flip_sets = [np.nonzero(L[:, p])[0] for p in real_cols]
 
@@ -697,8 +696,9 @@ def orbit_norm_search(problem: Problem, sym: Symmetry, X: np.ndarray, starts: in
         inits.append((signs(int(rng.integers(2 ** len(flip_sets)))), c0))
     best = (math.inf, None)
     for sign, c0 in inits:
-        r = scipy.optimize.minimize(fg, c0, args=(sign,), jac=True, method="BFGS", options={"gtol": 1e-10})
-        if np.isfinite(r.fun) and r.fun < best[0]:
+        with np.errstate(over="ignore", invalid="ignore"):  # a too-long trial step overflows: the line search backs off
+            r = scipy.optimize.minimize(fg, c0, args=(sign,), jac=True, method="BFGS", options={"gtol": 1e-10})
+        if np.isfinite(r.fun) and r.fun < best[0] and np.all(np.isfinite(r.x)):
             best = (float(r.fun), sign * np.exp(L @ r.x))
     if best[1] is None:
         return None
