@@ -516,15 +516,20 @@ def component_flips(problem: Problem, rtol: float = 1e-9) -> list[np.ndarray]:
     if not pairs or np.linalg.cond(Vr) > 1e8:
         return []
     Vinv = np.linalg.inv(Vr)
-    scale = max(1.0, float(np.abs(W).max()))
     flips = []
     for i, j in pairs:
         D = np.ones(len(ev))
         D[[i, j]] = -1
         Q = Vr @ np.diag(D) @ Vinv
-        if np.abs(Q.T @ W @ Q - W).max() <= 1e-8 * scale:  # in the group to rounding, or not used
+        if _preserves(W, Q):  # in the group to rounding, or not used
             flips.append(Q)
     return flips
+
+
+def _preserves(W: np.ndarray, Q: np.ndarray) -> bool:
+    """``Q^T W Q = W`` to ``1e-8 max(1, ||W||_max)``: the test a computed element of Stab(W) passes
+    before it is used (:func:`component_flips`, :func:`_real_group_element`)."""
+    return bool(np.abs(Q.T @ W @ Q - W).max() <= 1e-8 * max(1.0, float(np.abs(W).max())))
 
 
 def _cosquare_blocks(problem: Problem, rtol: float = 1e-9):
@@ -595,16 +600,12 @@ def _cosquare_blocks(problem: Problem, rtol: float = 1e-9):
 
 
 def _real_group_element(problem: Problem, V, Vinv, delta) -> np.ndarray | None:
-    """``V diag(delta) V^-1`` as a real matrix, or None where it is not real or not in the group to
-    ``1e-8 max(1, ||W||_max)`` (the test of :func:`component_flips`)."""
-    W = np.asarray(problem.W[0], np.float64)
+    """``V diag(delta) V^-1`` as a real matrix, or None where it is not real or fails :func:`_preserves`."""
     Qc = (V * delta) @ Vinv
     Q = Qc.real
     if not np.all(np.isfinite(Qc)) or np.abs(Qc.imag).max() > 1e-8 * max(1.0, float(np.abs(Q).max())):
         return None
-    if np.abs(Q.T @ W @ Q - W).max() > 1e-8 * max(1.0, float(np.abs(W).max())):
-        return None
-    return Q
+    return Q if _preserves(np.asarray(problem.W[0], np.float64), Q) else None
 
 
 def component_turns(problem: Problem, angles=(0.5 * math.pi, math.pi, 1.5 * math.pi)) -> list[np.ndarray]:
