@@ -29,8 +29,9 @@ from proofs_check.recheck import recheck  # noqa: E402
 from solver import Problem, planted_instance  # noqa: E402
 from solver.errors import MemoryBudgetError  # noqa: E402
 from solver.algebraic import algebraic_init  # noqa: E402
-from solver.errors import CertificateMismatchError, CertificationError  # noqa: E402
+from solver.errors import CertificateMismatchError  # noqa: E402
 from solver.io import atomic_write_json  # noqa: E402
+from solver.memory import keep_freed_memory  # noqa: E402
 from solver.recover import recover  # noqa: E402
 from solver.symmetry import distance_to_orbit  # noqa: E402
 
@@ -366,6 +367,7 @@ def _int_at_least(lo):
 
 
 def main(argv=None):
+    keep_freed_memory()  # as the command line does (UNMASK_KEEP_FREED_MEMORY=0 turns it off; malloc_bench.py)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["accuracy", "noise", "peers", "roots", "planted-roots"])
     ap.add_argument("--methods", default="",

@@ -14,8 +14,10 @@ one device holds (:func:`instances_per_device`).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+import sys
 
 import numpy as np
 
@@ -128,5 +130,44 @@ def require_within_budget(op: str, d: int, n: int, heads: int = 1, *, dtype=np.f
     return need
 
 
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
+KEEP_FREED_MEMORY_ENV = "UNMASK_KEEP_FREED_MEMORY"  # "0": `keep_freed_memory` does nothing
+
+
+def keep_freed_memory() -> bool:
+    """Tell glibc's malloc to keep the memory NumPy frees for reuse, instead of handing it back to the
+    system; returns whether it did (False off glibc, or where the environment variable
+    ``UNMASK_KEEP_FREED_MEMORY`` is ``0``).
+
+    glibc serves every allocation above 32 MiB with its own ``mmap`` and unmaps it on ``free``, so each
+    large NumPy temporary arrives as fresh pages: a page fault each, and the kernel zeroes every page again. The
+    certificates of large instances make many such temporaries (`proofs_check.rigorous`'s streamed
+    ``J P``: row blocks of 1 GiB, and the ball arithmetic's intermediates). This asks for no ``mmap``
+    (``M_MMAP_MAX = 0``: large blocks come from the heap), no trimming of the heap's top
+    (``M_TRIM_THRESHOLD = -1``) and 1 GiB of slack whenever the heap grows (``M_TOP_PAD``, address space
+    only until touched), so a freed block is reused by the next one of its size.
+
+    The process's resident memory then stays at its peak instead of falling between peaks; the peak itself
+    can grow where freed blocks do not fit later requests (fragmentation). ``unmask``'s command line,
+    ``benchmarks/recover_bench.py`` and the test suite call it at start-up; the library does not on import
+    (it is process-wide and cannot be undone): a library user calls it (or not) once, before the large work.
+    ``benchmarks/malloc_bench.py`` measures both settings side by side.
+    """
+    if os.environ.get(KEEP_FREED_MEMORY_ENV, "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return False
+    if not (hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version")):  # glibc only (musl ignores these)
+        return False
+    mallopt = libc.mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    done = [mallopt(param, value) == 1 for param, value in
+            ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1), (_M_TOP_PAD, 1 << 30))]
+    return all(done)
+
+
 __all__ = ["GIB", "OPERATIONS", "data_bytes", "operation_bytes", "available_bytes", "device_bytes",
-           "default_budget", "instances_per_device", "require_within_budget"]
+           "default_budget", "instances_per_device", "keep_freed_memory", "require_within_budget"]

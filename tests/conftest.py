@@ -15,6 +15,12 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
+from solver.memory import keep_freed_memory  # noqa: E402
+
+# as the `unmask` command does: large NumPy temporaries reuse freed memory instead of fresh pages the kernel
+# zeroes (benchmarks/malloc_bench.py); UNMASK_KEEP_FREED_MEMORY=0 runs the suite with malloc as it comes
+keep_freed_memory()
+
 settings.register_profile(
     "default",
     max_examples=25,

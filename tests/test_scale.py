@@ -141,6 +141,35 @@ def test_memory_refusal_names_the_size():
         require_within_budget("hvp", 64, 64, 2, batch=8, devices=1, budget=10**12)
 
 
+_REFAULT = """
+import resource, sys
+import numpy as np
+from solver.memory import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+a = np.ones(1 << 26); del a  # 512 MiB, touched and freed
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+b = np.ones(1 << 26)         # the same size again: fresh pages, or the freed ones
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_keep_freed_memory_reuses_a_freed_block_without_page_faults():
+    # each in a fresh process: the allocator's settings are per process and cannot be undone
+    def run(arg, **env):
+        out = subprocess.run([sys.executable, "-c", _REFAULT, arg], capture_output=True, text=True, check=True,
+                             env={**os.environ, **env}).stdout.split()
+        return out[0], int(out[1])
+
+    kept, faults_kept = run("keep")
+    _, faults_system = run("system")
+    off, faults_off = run("keep", UNMASK_KEEP_FREED_MEMORY="0")
+    assert kept == "True" and off == "False"
+    # 512 MiB of fresh pages fault at least once per 2 MiB huge page (256), at most once per 4 KiB page
+    assert faults_system >= 256 and faults_off >= 256
+    assert faults_kept < 16
+
+
 @pytest.mark.parametrize("d,n,heads", [(4, 9, 1), (16, 40, 2), (48, 96, 3)])
 def test_memory_estimate_bounds_xla_accounting(d, n, heads):
     from solver import _generated as gen

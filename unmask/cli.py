@@ -71,5 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
+def entry() -> int:
+    """The ``unmask`` console script: `main` after `solver.memory.keep_freed_memory` (glibc malloc keeps the
+    memory NumPy frees, instead of the kernel zeroing it again on the next large temporary;
+    ``UNMASK_KEEP_FREED_MEMORY=0`` turns it off). `main` itself leaves the allocator alone, for callers
+    that run it in their own process (tests, notebooks)."""
+    from solver.memory import keep_freed_memory
+
+    keep_freed_memory()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())
