@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -153,7 +154,7 @@ print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_keep_freed_memory_reuses_a_freed_block_without_page_faults():
     # each in a fresh process: the allocator's settings are per process and cannot be undone
     def run(arg, **env):
