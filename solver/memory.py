@@ -149,9 +149,9 @@ def keep_freed_memory() -> bool:
     only until touched), so a freed block is reused by the next one of its size.
 
     The process's resident memory then stays at its peak instead of falling between peaks; the peak itself
-    can grow where freed blocks do not fit later requests (fragmentation). ``unmask``'s command line,
-    ``benchmarks/recover_bench.py`` and the test suite call it at start-up; the library does not on import
-    (it is process-wide and cannot be undone): a library user calls it (or not) once, before the large work.
+    can grow where freed blocks do not fit later requests (fragmentation). ``unmask``'s command line and
+    ``benchmarks/recover_bench.py`` call it at start-up; the test suite and the library (on import) do not,
+    since it is process-wide and cannot be undone: a library user calls it (or not) once, before the large work.
     ``benchmarks/malloc_bench.py`` measures both settings side by side.
     """
     if os.environ.get(KEEP_FREED_MEMORY_ENV, "1") == "0" or not sys.platform.startswith("linux"):

@@ -15,11 +15,9 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
-from solver.memory import keep_freed_memory  # noqa: E402
-
-# as the `unmask` command does: large NumPy temporaries reuse freed memory instead of fresh pages the kernel
-# zeroes (benchmarks/malloc_bench.py); UNMASK_KEEP_FREED_MEMORY=0 runs the suite with malloc as it comes
-keep_freed_memory()
+# glibc malloc as it comes (no solver.memory.keep_freed_memory): with it, each pytest process would hold
+# its largest test's peak to the end (the default suite's process peaked at 8.25 GB), and `-m slow -n 2`
+# runs two such processes on CI's 24 GiB
 
 settings.register_profile(
     "default",
