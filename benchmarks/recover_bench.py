@@ -367,7 +367,6 @@ def _int_at_least(lo):
 
 
 def main(argv=None):
-    keep_freed_memory()  # as the command line does (UNMASK_KEEP_FREED_MEMORY=0 turns it off; malloc_bench.py)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["accuracy", "noise", "peers", "roots", "planted-roots"])
     ap.add_argument("--methods", default="",
@@ -395,4 +394,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # as the `unmask` command does (UNMASK_KEEP_FREED_MEMORY=0 turns it off; malloc_bench.py); here, not in
+    # main, which tests call in their own process
+    keep_freed_memory()
     main()
