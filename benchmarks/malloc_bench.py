@@ -40,15 +40,16 @@ def one_run(setting: str, d: int, n: int, seed: int) -> dict:
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         cmd = [sys.executable, str(ROOT / "benchmarks" / "recover_bench.py"), "accuracy", "--families", "one",
                "--sizes", str(d), "--mults", str(n // d), "--seeds", str(seed), "--json", str(out)]
-        t = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t
-        err = proc.stderr.read().decode(errors="replace")
-        proc.stderr.close()
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        log = Path(tmp) / "stderr.txt"
+        with open(log, "wb") as err:  # a file, not a pipe: a pipe filled by the child before wait4 would block it
+            t = time.perf_counter()
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: tell Popen
         if proc.returncode != 0:
-            raise SystemExit(f"malloc_bench: {' '.join(cmd)} failed ({proc.returncode}):\n{err[-2000:]}")
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"malloc_bench: {' '.join(cmd)} failed ({proc.returncode}):\n{tail}")
         row = json.loads(out.read_text())["rows"][0]
     seed_row = row["per_seed"][0]
     return {"setting": setting, "wall_s": wall, "user_s": usage.ru_utime, "sys_s": usage.ru_stime,
