@@ -362,14 +362,14 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
     # this recheck's own orbit basis and slice complement
     T = sym.orbit_tangent(X)
     if T.shape[1]:
-        P = np.linalg.qr(T, mode="complete")[0][:, T.shape[1]:]
+        P = np.ascontiguousarray(np.linalg.qr(T, mode="complete")[0][:, T.shape[1]:])  # (see slice_basis)
     else:
         P = np.eye(d * n)
     loss, args = _loss_and_args(problem)
     if cert.kind == "interval-jacobian":
         from solver.memory import GIB, host_budget
 
-        from .rigorous import jacobian_streaming_plan
+        from .rigorous import jacobian_sigma_method, jacobian_streaming_plan
 
         # the float-ball formulas for J P against the reference attention maps: along COMPARE_DIRECTIONS random
         # slice directions P z, the ball (J P) z (midrad.matmul of each block of J P with Z) must hold the
@@ -387,10 +387,12 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
             rad_sq += midrad.norm_upper((rad, None)) ** 2
             ref_sq += float(np.sum(ref_JPZ[rows] ** 2))
 
-        rows_per_block, need = jacobian_streaming_plan(problem, d * n, host_budget())
+        budget = host_budget()
+        rows_per_block, need = jacobian_streaming_plan(problem, d * n, budget)
         if rows_per_block == 0:
             raise MemoryBudgetError(f"the interval-Jacobian recheck would need about {need / GIB:.1f} GiB, even streamed")
-        b = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=rows_per_block, on_block=compare)
+        b = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=rows_per_block, on_block=compare,
+                                  sigma=jacobian_sigma_method(problem, d * n, rows_per_block, budget))
         b.pop("jacobian_mid", None)
         scale = max(1.0, math.sqrt(ref_sq))
         if math.sqrt(diff_sq) > math.sqrt(rad_sq) * (1 + 1e-12) + 1e-8 * scale:

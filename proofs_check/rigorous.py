@@ -339,23 +339,29 @@ def lambda_min_at_least(A: np.ndarray, t: float) -> float | None:
     local-Newton recheck affordable at dn = 16384. The price is ``c ~ N u tr(A)``, far looser than
     eigh's backward error; it proves definiteness, it does not locate lambda_min.
     """
-    import scipy.linalg
-
     A = np.asarray(A, np.float64)
     N = A.shape[0]
     if A.ndim != 2 or A.shape[1] != N:
         raise ValueError(f"lambda_min_at_least needs a square matrix, got shape {A.shape}")
     if not (np.isfinite(t) and np.all(np.isfinite(A))):
         return None
-    S = np.array(A, order="F")  # a copy, factorised in place
-    S[np.diag_indices(N)] -= t
-    diag = S.diagonal().copy()
-    if np.any(diag <= 0):
+    return _lambda_min_at_least_in_place(np.array(A, order="F"), t)  # a copy, factorised in place
+
+
+def _lambda_min_at_least_in_place(S: np.ndarray, t: float) -> float | None:
+    """`lambda_min_at_least` for the symmetric matrix whose upper triangle is that of the
+    Fortran-ordered, finite ``S``, which it overwrites (its strict lower triangle is never read)."""
+    import scipy.linalg.lapack
+
+    N = S.shape[0]
+    diag = np.diag_indices(N)
+    S[diag] -= t
+    shifted = S[diag]  # (a copy)
+    if np.any(shifted <= 0):
         return None
-    c = _cholesky_rounding(diag)
-    try:
-        scipy.linalg.cholesky(S, lower=False, overwrite_a=True, check_finite=False)
-    except scipy.linalg.LinAlgError:
+    c = _cholesky_rounding(shifted)
+    _, info = scipy.linalg.lapack.dpotrf(S, lower=0, overwrite_a=1, clean=0)
+    if info != 0:
         return None
     return float(np.nextafter(np.nextafter(t - c, -np.inf), -np.inf))  # two ulps: the difference's rounding
 
@@ -602,12 +608,15 @@ def _jacobian_slice_rows(heads, P, n: int, rows_per_block: int | None = None):
     """The balls of ``J P`` by blocks of attention rows: yields ``(rows, ball)``, ``rows`` the
     slice of stacked rows ``(h, r, c)`` that ``ball`` (``(len(rows), k)``) holds; ``rows_per_block``
     attention rows r at a time (None: all n). Each block is the same ball arithmetic as the whole
-    (`midrad.matmul`'s rounding bound depends on the inner dimension only)."""
+    (`midrad.matmul`'s rounding bound depends on the inner dimension only). ``q_r^T P``, which reads
+    all of P for each block, bounds its radius by Cauchy-Schwarz (`midrad.matmul_exact_cs`): at one
+    head (64, 256) `midrad.matmul` took 4.5 s a block of 2 rows there, most of it ``|P|``."""
     d = P.shape[0] // n
     k = P.shape[1]
-    P = np.asarray(P, np.float64)
-    Pr = np.ascontiguousarray(P.reshape(d, n, k).transpose(1, 0, 2))  # [r]: the rows (a, r) of P, (d, k)
-    Pflat = P.reshape(d, n * k)
+    P = np.ascontiguousarray(P, np.float64)  # (a copy only where the caller's P is a strided view)
+    P3 = P.reshape(d, n, k)  # [:, r]: the rows (a, r) of P
+    Pflat = P.reshape(d, n * k)  # (views: no (dn, k) copy beside P, which at (64, 256) is 2 GiB)
+    Pflat_norms = midrad.column_norms_upper(Pflat)
     step = n if rows_per_block is None else max(1, int(rows_per_block))
     for h, (K, Pc, Qc) in enumerate(heads):
         PcT, QcT = midrad.transpose(Pc), midrad.transpose(Qc)
@@ -615,8 +624,8 @@ def _jacobian_slice_rows(heads, P, n: int, rows_per_block: int | None = None):
             r1 = min(n, r0 + step)
             Kb = (K[0][r0:r1], K[1][r0:r1])
             T = midrad.matmul(Kb, PcT)                                  # (rb, n, d): K_r P^T
-            A1 = midrad.matmul(T, (Pr[r0:r1], None))                    # (rb, n, k)
-            Z = midrad.matmul((QcT[0][r0:r1], QcT[1][r0:r1]), (Pflat, None))
+            A1 = midrad.matmul(T, (np.ascontiguousarray(P3[:, r0:r1].transpose(1, 0, 2)), None))  # (rb, n, k)
+            Z = midrad.matmul_exact_cs((QcT[0][r0:r1], QcT[1][r0:r1]), Pflat, Pflat_norms)
             Z = (Z[0].reshape(r1 - r0, n, k), Z[1].reshape(r1 - r0, n, k))  # [r, k', :] = q_r^T P_k'
             A2 = midrad.matmul(Kb, Z)
             del T, Z
@@ -652,7 +661,7 @@ def sigma_min_sq_lower(A) -> tuple[float, dict]:
     s2, info = sigma_min_sq_lower_streamed(lambda: iter([(slice(0, Am.shape[0]), A)]), Am.shape[1])
     if not info.get("gram_offdiag_rel", math.inf) <= SIGMA_GRAM_EPRIME_MAX:
         s2, info = _sigma_min_sq_with(A, np.linalg.svd(Am, full_matrices=False)[2].T)
-        info["V_from"] = "svd"
+        info.update({"V_from": "svd", "sigma_from": "eigenvectors"})
     return s2, info
 
 
@@ -746,8 +755,92 @@ def sigma_min_sq_lower_streamed(blocks, k: int, on_block=None) -> tuple[float, d
     V = np.linalg.eigh(G)[1]
     del G
     s2, info = _sigma_min_sq_with_blocks(blocks, V, on_block)
-    info["V_from"] = "eigh"
+    info.update({"V_from": "eigh", "sigma_from": "eigenvectors"})
     return s2, info
+
+
+GRAM_SHIFTS = (0.95, 0.8, 0.5, 0.1)  # fractions of the Gram matrix's estimated lambda_min tried as Cholesky shifts
+CHOLESKY_ACCEPT = 0.5  # jacobian_slice_bounds(sigma="auto") keeps the Cholesky bound from this fraction of its estimate
+GRAM_INVERSE_ITERATIONS = 40  # most inverse-iteration steps for that estimate (stops at a 1e-3 relative change)
+
+
+def sigma_min_sq_lower_cholesky(blocks, k: int, on_block=None, shifts=GRAM_SHIFTS) -> tuple[float, dict]:
+    """Rigorous lower bound on ``sigma_min(M)^2`` for every M of a float ball A given by row blocks,
+    from one pass over the blocks and Cholesky factorisations, with no eigenvectors: two (k, k) arrays
+    where `sigma_min_sq_lower_streamed` needs about seven and a second pass.
+
+    ``blocks()``, ``on_block``: as in `sigma_min_sq_lower_streamed` (one pass here). The pass
+    accumulates ``Gm = fl(Am^T Am)`` (BLAS syrk into its upper triangle, in place) and upper bounds
+    ``a^2 >= ||Am||_F^2`` and ``r^2 >= ||Ar||_F^2``. For every member ``M = Am + D``, ``|D| <= Ar``:
+    ``M^T M = Am^T Am + Am^T D + D^T Am + D^T D`` and ``|fl(Am^T Am) - Am^T Am| <= gamma_m |Am|^T |Am|``
+    entrywise (Higham, any summation order, m the number of rows), so by Weyl ``lambda_min(M^T M) >=
+    lambda_min(Gm) - (gamma_m a^2 + 2 a r + r^2)``, using ``|| |Am|^T |Am| ||_2 = || |Am| ||_2^2 <=
+    ||Am||_F^2`` and ``||D||_2 <= ||Ar||_F``. Then ``lambda_min(Gm) >= t - c`` is proved by
+    `lambda_min_at_least`'s shifted Cholesky, with ``t`` a fraction (``shifts``, tried in turn) of an
+    estimate of ``lambda_min(Gm)`` (the Rayleigh quotient of inverse iteration with Gm's own
+    Cholesky factor, from a seeded random start; an estimate only chooses t, it proves nothing).
+
+    Its rounding terms are relative to ``||Am||_F^2`` (about ``(m + k) u`` of it), not to
+    ``sigma_min^2``: so it is the tighter of the two bounds where ``||Am||_F^2 / sigma_min^2`` is far
+    below ``1 / ((m + k) u)``, and ``-inf`` where not (then ``info["cholesky"]`` says why), where
+    the eigenvector bound still holds to ``sigma_min^2 ~ sqrt(u) ||M||^2``. At one head (64, 256),
+    k = 16352, it is what fits the 8 GiB budget at all.
+    """
+    import scipy.linalg.blas
+    import scipy.linalg.lapack
+
+    if not (k + 1) * midrad.U < 0.01:
+        raise ValueError(f"inner dimension {k} too large for the a-priori rounding bound")
+    G = np.zeros((k, k), order="F")  # upper triangle: the Gram matrix of the midpoint
+    a_sq, r_sq = flint.arb(0), flint.arb(0)
+    m = 0
+    for rows, blk in blocks():
+        if on_block is not None:
+            on_block(rows, blk)
+        Am, Ar = blk
+        scipy.linalg.blas.dsyrk(1.0, np.asarray(Am, np.float64).T, beta=1.0, c=G, trans=0, lower=0, overwrite_c=1)
+        a_sq += flint.arb(midrad.norm_upper((Am, None))) ** 2
+        if Ar is not None:
+            r_sq += flint.arb(midrad.norm_upper((Ar, None))) ** 2
+        m += Am.shape[0]
+    gamma = 1.03 * (m + 1) * midrad.U  # >= gamma_m, as in midrad.matmul
+    a_sq, r_sq = flint.arb(a_sq.upper()), flint.arb(r_sq.upper())
+    rounding = float((flint.arb(gamma) * a_sq + 2 * (a_sq * r_sq).sqrt() + r_sq).upper())
+    info = {"sigma_from": "cholesky", "gram_rounding": rounding, "gram_frobenius_sq": float(a_sq.upper())}
+    if not math.isfinite(float(G.sum())):  # (a NaN or inf propagates; an overflowing sum only refuses)
+        info["cholesky"] = "the midpoint Gram matrix is not finite"
+        return -math.inf, info
+    R = np.array(G, order="F")
+    _, fail = scipy.linalg.lapack.dpotrf(R, lower=0, overwrite_a=1, clean=0)
+    if fail != 0:
+        info["cholesky"] = "the midpoint Gram matrix is not positive definite in float64"
+        return -math.inf, info
+    y = np.random.default_rng(0).standard_normal(k)
+    estimate, steps = math.inf, 0
+    for steps in range(1, GRAM_INVERSE_ITERATIONS + 1):
+        y = scipy.linalg.lapack.dpotrs(R, y, lower=0)[0]
+        y /= np.linalg.norm(y)
+        previous, estimate = estimate, float(y @ scipy.linalg.blas.dsymv(1.0, G, y, lower=0))
+        if abs(previous - estimate) <= 1e-3 * estimate:
+            break
+    info.update({"gram_lambda_estimate": estimate, "inverse_iterations": steps})
+    if not (math.isfinite(estimate) and estimate > rounding):
+        info["cholesky"] = (f"the estimated lambda_min of the Gram matrix ({estimate:.3e}) is not above its "
+                            f"rounding and radius term ({rounding:.3e})")
+        return -math.inf, info
+    for f in shifts:
+        t = f * estimate
+        np.copyto(R, G)
+        lam = _lambda_min_at_least_in_place(R, t)
+        if lam is None:
+            continue
+        s2 = float((flint.arb(lam) - flint.arb(rounding)).lower())
+        info.update({"gram_shift": t, "gram_lambda_lower": lam})
+        if s2 > 0:
+            return s2, info
+    info["cholesky"] = (f"no shift of {list(shifts)} x {estimate:.3e} proved lambda_min above the rounding and "
+                        f"radius term {rounding:.3e}")
+    return -math.inf, info
 
 
 JACOBIAN_BLOCK_BYTES = 1 << 30  # per row block of J P when it is streamed (about 12 (rb n, k) float64 arrays)
@@ -757,20 +850,35 @@ def jacobian_streaming_plan(problem, k: int, budget: float) -> tuple[int | None,
     """How `jacobian_slice_bounds` holds ``J P`` (``H n^2`` rows, k columns) in ``budget`` bytes:
     ``(None, bytes)`` whole (about 12 arrays of its size: measured 10 at (32, 64)), or
     ``(rows_per_block, bytes)`` streamed by blocks of attention rows (a block of about
-    ``JACOBIAN_BLOCK_BYTES`` plus about 7 (k, k) arrays: the Gram matrix, its eigenvectors, eigh's
-    work, ``Gm`` and its scaled copy), or ``(0, bytes)`` when neither fits (the streamed need)."""
+    ``JACOBIAN_BLOCK_BYTES``, the (dn, k) basis P the caller holds, and the two (k, k) arrays of
+    `sigma_min_sq_lower_cholesky`), or ``(0, bytes)`` when neither fits (the streamed need).
+    Whether the streamed path may fall back to `sigma_min_sq_lower_streamed` (about seven (k, k)
+    arrays) is `jacobian_sigma_method`'s answer."""
     n = problem.n
     whole = 12 * 8 * problem.heads * n * n * k
     if whole <= budget:
         return None, float(whole)
-    per_row = 12 * 8 * n * k
-    rows = max(1, min(n, JACOBIAN_BLOCK_BYTES // per_row))
-    streamed = float(rows * per_row + 7 * 8 * k * k)
+    rows = _rows_per_block(problem, k)
+    streamed = float(rows * 12 * 8 * n * k + 8 * problem.d * n * k + 2 * 8 * k * k)
     return (rows if streamed <= budget else 0), streamed
 
 
+def _rows_per_block(problem, k: int) -> int:
+    return max(1, min(problem.n, JACOBIAN_BLOCK_BYTES // (12 * 8 * problem.n * k)))
+
+
+def jacobian_sigma_method(problem, k: int, rows_per_block: int | None, budget: float) -> str:
+    """``sigma`` for `jacobian_slice_bounds` under ``budget``: ``"auto"`` (the Cholesky bound, then the
+    eigenvector bound where that is not positive) where the eigenvector bound's about seven (k, k)
+    arrays fit beside a block and P, else ``"cholesky"`` (one head (64, 256): 15 GB against 8 GiB)."""
+    if rows_per_block is None:
+        return "auto"
+    eigh = rows_per_block * 12 * 8 * problem.n * k + 8 * problem.d * problem.n * k + 7 * 8 * k * k
+    return "auto" if eigh <= budget else "cholesky"
+
+
 def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_block: int | None = None,
-                          on_block=None) -> dict:
+                          on_block=None, sigma: str = "auto") -> dict:
     """`slice_bounds` for large dn, without a ball Hessian: the same keys (``g_up``, ``s_P``,
     ``l_lower``, ``dX_inf``, ``dX_2``, ``box_radius``), with ``l_lower`` from the Gauss-Newton
     split ``P^T hess L P >= (J P)^T (J P) - ||E||_2 ||P||^2`` (the regulariser's ``P^T diag(Gamma^2)
@@ -781,10 +889,21 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_bloc
 
     ``rows_per_block`` (see `jacobian_streaming_plan`): None holds ``J P`` whole (returned as
     ``jacobian_mid``); an integer streams it by that many attention rows at a time and never holds
-    it (`sigma_min_sq_lower_streamed`: no ``jacobian_mid``, no SVD fallback), for one head at
+    it (no ``jacobian_mid``, no SVD fallback; ``sigma`` below), for one head at
     (64, 128), where it is 1 GiB a copy. ``on_block(rows, ball)``, where given, sees every block of
-    ``J P`` that the bound uses (the whole as one block when it is held), for an independent check.
+    ``J P`` once (the whole as one block when it is held), for an independent check.
+
+    ``sigma`` (streamed only; the whole path keeps `sigma_min_sq_lower`): ``"cholesky"``
+    (`sigma_min_sq_lower_cholesky`: one pass, two (k, k) arrays), ``"eigh"``
+    (`sigma_min_sq_lower_streamed`: two passes and ``eigh``, about seven), or ``"auto"``: the Cholesky
+    bound, and the eigenvector one where that is below ``CHOLESKY_ACCEPT`` times its estimate of
+    ``lambda_min(Gm)``, an upper bound on the eigenvector bound up to rounding (an ill-conditioned
+    slice: its rounding terms are relative to ``||J P||_F^2``, not ``sigma_min^2``); the fallback's passes recompute the same
+    blocks and do not call ``on_block`` again. ``info["sigma_from"]`` says which bound was used (``"cholesky"`` or
+    ``"eigenvectors"``; after a fallback ``info["cholesky"]`` says why).
     """
+    if sigma not in ("auto", "cholesky", "eigh"):
+        raise ValueError(f"sigma must be 'auto', 'cholesky' or 'eigh', got {sigma!r}")
     P = np.asarray(P, np.float64)
     X = np.asarray(X, np.float64)
     dX = np.asarray(dX, np.float64)
@@ -807,8 +926,15 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_bloc
             if on_block is not None:
                 on_block(rows, ball)
 
-        s2, info = sigma_min_sq_lower_streamed(lambda: _jacobian_slice_rows(heads, P, X.shape[1], rows_per_block), k,
-                                               seen)
+        blocks = lambda: _jacobian_slice_rows(heads, P, X.shape[1], rows_per_block)  # noqa: E731
+        if sigma == "eigh":
+            s2, info = sigma_min_sq_lower_streamed(blocks, k, seen)
+        else:
+            s2, info = sigma_min_sq_lower_cholesky(blocks, k, seen)
+            if sigma == "auto" and not s2 >= CHOLESKY_ACCEPT * info.get("gram_lambda_estimate", math.inf):
+                why = info.get("cholesky", "")
+                s2, info = sigma_min_sq_lower_streamed(blocks, k)
+                info["cholesky"] = why
         out = {"jacobian_rad_norm": float(rad_sq.sqrt().upper()), "rows_per_block": int(rows_per_block)}
     dn = P.shape[0]
     s_P = float((1 + flint.arb(midrad.orthonormality_defect(P))).sqrt().upper())

@@ -40,7 +40,10 @@ in float64 midpoint-radius arithmetic with a-priori rounding bounds
 (:func:`proofs_check.rigorous.jacobian_slice_bounds`): dn ball HVPs in arb would take hours at
 dn = 2048. Where ``J P`` does not fit the memory budget whole (one head (64, 128): 1 GiB a copy,
 about 12.8 GB for the whole path) it is streamed by blocks of attention rows and never held
-(:func:`proofs_check.rigorous.jacobian_streaming_plan`; ``constants["rows_per_block"]``).
+(:func:`proofs_check.rigorous.jacobian_streaming_plan`; ``constants["rows_per_block"]``), and
+``sigma_min(J P)^2`` is bounded by shifted Cholesky factorisations of its Gram matrix (one pass, two
+(k, k) arrays), with the eigenvector bound as the fallback where that fits
+(:func:`proofs_check.rigorous.jacobian_sigma_method`; ``constants["sigma_from"]``).
 
 The numbers are float64 evaluations with stated rounding margins
 (``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
@@ -82,7 +85,8 @@ FIT_RTOL = 1e-8  # relative residual up to which a certified critical point is s
 SLICE_CERT_MAX = 128
 # dn up to which the interval-Jacobian certificate is tried (above SLICE_CERT_MAX); where J P does not fit
 # the budget below whole it is streamed (proofs_check.rigorous.jacobian_streaming_plan): one head (64, 128),
-# dn = 8192, seed 0: the certificate 7 of recover's 8.5 min (peak 5.7 GB), recheck 7.5 min (6.2 GB)
+# dn = 8192, seed 0: the certificate 7 of recover's 8.5 min (peak 5.7 GB), recheck 7.5 min (6.2 GB), with
+# the eigenvector bound on sigma_min
 JACOBIAN_CERT_MAX = 8192
 # and only when its float64 balls fit in this many bytes, whole or streamed (None: solver.memory's host
 # budget, the smaller of 8 GiB and 3/4 of the free memory); the whole path's peak is about 10 arrays of
@@ -452,8 +456,10 @@ def slice_basis(problem: Problem, X, sym) -> np.ndarray:
     if T is None:
         return np.eye(dn)
     # the last dn - k columns of T's complete (Householder) QR: O((dn)^2 k), where an SVD of
-    # I - T T^T costs O((dn)^3) (9.6 s against 0.2 s at dn = 2048, k = 12)
-    return np.linalg.qr(T, mode="complete")[0][:, T.shape[1]:]
+    # I - T T^T costs O((dn)^3) (9.6 s against 0.2 s at dn = 2048, k = 12); contiguous, so that
+    # the interval-Jacobian bound reshapes it without a copy (2 GiB at one head (64, 256))
+    Q = np.linalg.qr(T, mode="complete")[0]
+    return np.ascontiguousarray(Q[:, T.shape[1]:])
 
 
 def _hvp_rows(problem: Problem, X, count: int, directions) -> np.ndarray:
@@ -574,9 +580,9 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     jacobian = d * n > SLICE_CERT_MAX
     if d * n > JACOBIAN_CERT_MAX:
         return None, f"the interval-Hessian / -Jacobian certificates are not tried above dn = {JACOBIAN_CERT_MAX} (dn = {d * n})"
-    rows_per_block = None
+    rows_per_block, sigma = None, "auto"
     if jacobian:
-        from proofs_check.rigorous import jacobian_streaming_plan
+        from proofs_check.rigorous import jacobian_sigma_method, jacobian_streaming_plan
 
         from .memory import GIB, host_budget
 
@@ -585,6 +591,7 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
         if rows_per_block == 0:
             return None, (f"the interval-Jacobian certificate would need about {need / GIB:.1f} GiB, even streamed "
                           f"(more than the {budget / GIB:.1f} GiB budget)")
+        sigma = jacobian_sigma_method(problem, d * n, rows_per_block, budget)
     X = np.asarray(X, np.float64)
     fit_tol = exact_fit_tolerance(problem)
     loss = float(problem.loss(X))
@@ -618,7 +625,7 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     tried = []
     for s in box_scales:
         if jacobian:
-            b = jacobian_slice_bounds(problem, X, dX, P, s * scale, rows_per_block=rows_per_block)
+            b = jacobian_slice_bounds(problem, X, dX, P, s * scale, rows_per_block=rows_per_block, sigma=sigma)
             b.pop("jacobian_mid", None)
         else:
             b = slice_bounds(problem, X, dX, P, s * scale)

@@ -28,6 +28,7 @@ from proofs_check.rigorous import (
     jacobian_slice_enclosure,
     remainder_bound,
     sigma_min_sq_lower,
+    sigma_min_sq_lower_cholesky,
     softmax_residual_hessians,
     slice_bounds,
 )
@@ -82,6 +83,16 @@ def test_float_balls_contain_the_exact_results(seed, k, spread):
     exact_mid = _exact(a[0]).dot(_exact(b[0]))
     for x, y in ((zero_a, zero_b), (zero_a, (b[0], None)), ((a[0], None), zero_b)):
         assert _contains(midrad.matmul(x, y), exact_mid)
+    # the Cauchy-Schwarz radius against an exact right factor: the same midpoint, a ball that holds
+    # the exact product, and no narrower than matmul's
+    norms = midrad.column_norms_upper(b[0])
+    assert np.all(_exact(norms) ** 2 >= (_exact(b[0]) ** 2).sum(axis=0))
+    for x in (a, (a[0], None)):
+        cs = midrad.matmul_exact_cs(x, b[0], norms)
+        assert _contains(cs, _exact(A if x[1] is not None else a[0]).dot(_exact(b[0])))
+        full = midrad.matmul(x, (b[0], None))
+        assert np.array_equal(cs[0], full[0])
+        assert np.all(cs[1] >= full[1] * (1 - 1e-12))
 
 
 @settings(max_examples=20, deadline=None)
@@ -323,17 +334,44 @@ def test_streamed_jacobian_bound_agrees_with_the_whole_and_sees_every_row_once(f
     dX = np.asarray(cert.constants["dX"]).reshape(-1, *X.shape)
     box = cert.constants["box_radius"]
     whole = jacobian_slice_bounds(problem, X, dX, P, box)
-    rows = []
-    streamed = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=3, on_block=lambda r, ball: rows.append(r))
-    assert "jacobian_mid" not in streamed and streamed["rows_per_block"] == 3
-    assert abs(streamed["l_lower"] - whole["l_lower"]) <= 1e-9 * whole["l_lower"]
-    assert abs(streamed["jacobian_rad_norm"] - whole["jacobian_rad_norm"]) <= 1e-9 * whole["jacobian_rad_norm"]
     n2 = problem.heads * problem.n**2
-    cover = np.zeros(n2, int)
-    for r in rows:
-        cover[r] += 1
-    assert np.all(cover == 1)  # on_block sees the pass that bounds sigma_min, not the one that finds V
-    assert len(rows) == -(-problem.n // 3)
+    for sigma in ("eigh", "cholesky", "auto"):
+        rows = []
+        streamed = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=3, sigma=sigma,
+                                         on_block=lambda r, ball: rows.append(r))
+        assert "jacobian_mid" not in streamed and streamed["rows_per_block"] == 3
+        assert abs(streamed["jacobian_rad_norm"] - whole["jacobian_rad_norm"]) <= 1e-9 * whole["jacobian_rad_norm"]
+        if sigma == "eigh":  # the same bound as the whole's, summed in another order
+            assert streamed["sigma_from"] == "eigenvectors"
+            assert abs(streamed["l_lower"] - whole["l_lower"]) <= 1e-9 * whole["l_lower"]
+        else:  # shifted at 0.95 of the estimate, less the rounding: below the whole's bound, and not far
+            assert streamed["sigma_from"] == "cholesky", streamed
+            assert 0.85 * whole["l_lower"] <= streamed["l_lower"] <= whole["l_lower"]
+        cover = np.zeros(n2, int)
+        for r in rows:
+            cover[r] += 1
+        assert np.all(cover == 1), sigma  # on_block sees the pass that bounds sigma_min, not the one that finds V
+        assert len(rows) == -(-problem.n // 3)
+
+
+def test_auto_falls_back_to_the_eigenvector_bound_once_and_sees_each_row_once(forced, monkeypatch):
+    """sigma="auto" where the Cholesky bound is below CHOLESKY_ACCEPT of its estimate (forced here):
+    the eigenvector bound, exactly the "eigh" one, the reason kept, and on_block still once per row."""
+    import proofs_check.rigorous as rig
+
+    problem, _, X, sym, cert, _ = forced
+    P = slice_basis(problem, X, sym)
+    dX = np.asarray(cert.constants["dX"]).reshape(-1, *X.shape)
+    box = cert.constants["box_radius"]
+    eigh = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=4, sigma="eigh")
+    monkeypatch.setattr(rig, "CHOLESKY_ACCEPT", 2.0)
+    rows = []
+    auto = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=4, on_block=lambda r, ball: rows.append(r))
+    assert auto["sigma_from"] == "eigenvectors" and "cholesky" in auto
+    assert auto["l_lower"] == eigh["l_lower"]
+    assert len(rows) == -(-problem.n // 4)
+    with pytest.raises(ValueError, match="sigma must be"):
+        jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=4, sigma="svd")
 
 
 def test_a_streamed_certificate_is_issued_and_rechecked_whole_and_streamed(forced, monkeypatch):
@@ -354,6 +392,7 @@ def test_a_streamed_certificate_is_issued_and_rechecked_whole_and_streamed(force
     cert, why = slice_certificate(problem, X, sym, None, iterations=0)
     assert cert is not None, why
     assert cert.constants["rows_per_block"] == 3 and "jacobian_mid" not in cert.constants
+    assert cert.constants["sigma_from"] == "cholesky"  # where need holds only the Cholesky bound's two (k, k)
     assert recheck(cert, problem, X)["kind"] == "interval-jacobian"  # whole: the host budget holds it
     monkeypatch.setattr(rig, "jacobian_streaming_plan", lambda problem, k, budget: (3, 0.0))
     assert recheck(cert, problem, X)["kind"] == "interval-jacobian"
@@ -377,6 +416,24 @@ def test_slice_hessian_from_hvp_blocks_is_the_dense_one(monkeypatch):
     blocked = _slice_hessian(problem, X, P)
     assert P.shape[1] % 7 and blocked.shape == dense.shape
     assert np.linalg.norm(blocked - dense) <= 1e-13 * np.linalg.norm(dense)
+
+
+def test_streaming_plan_counts_two_gram_arrays_and_the_eigh_fallback_seven():
+    """The streamed need is a block, P and two (k, k) arrays (the Cholesky bound); the eigenvector
+    fallback is allowed only where its seven (k, k) arrays fit too. One head (64, 256), k = 16352,
+    under 8 GiB: streamed, Cholesky only (the case that had no certificate)."""
+    import proofs_check.rigorous as rig
+
+    problem, _ = planted_instance(64, 256, seed=0, heads=1)
+    k, gib = 16352, 2.0**30
+    rows, need = rig.jacobian_streaming_plan(problem, k, 8 * gib)
+    per_row = 12 * 8 * 256 * k
+    assert rows == max(1, rig.JACOBIAN_BLOCK_BYTES // per_row) == 2
+    assert need == rows * per_row + 8 * 64 * 256 * k + 2 * 8 * k * k and need < 8 * gib
+    assert rig.jacobian_sigma_method(problem, k, rows, 8 * gib) == "cholesky"
+    assert rig.jacobian_sigma_method(problem, k, rows, 32 * gib) == "auto"
+    assert rig.jacobian_sigma_method(problem, k, None, 1.0) == "auto"  # whole: sigma_min_sq_lower's own fallback
+    assert rig.jacobian_streaming_plan(problem, k, need - 1)[0] == 0
 
 
 def test_interval_jacobian_refuses_what_would_not_fit(monkeypatch):
@@ -573,3 +630,74 @@ def test_sigma_min_bound_covers_the_worst_member_of_a_wide_ball(seed):
     s_worst = np.linalg.svd(worst, compute_uv=False)[-1] ** 2
     assert s_worst < s[-1] ** 2 * (1 - 1e-3)  # the member is worse than the midpoint
     assert 0.9 * s_worst < lo <= s_worst, (lo, s_worst, info)
+
+
+def _blocks(ball, cuts):
+    """``ball`` (m, k) as row blocks cut at ``cuts``: the iterator factory the streamed bounds take."""
+    m = ball[0].shape[0]
+    edges = [0, *sorted(set(c for c in cuts if 0 < c < m)), m]
+    parts = [(slice(a, b), (np.ascontiguousarray(ball[0][a:b]), None if ball[1] is None else ball[1][a:b]))
+             for a, b in zip(edges[:-1], edges[1:])]
+    return lambda: iter(parts)
+
+
+def _sigma_min_sq_exact(M) -> float:
+    import mpmath
+
+    with mpmath.workdps(40):  # float64's SVD is only accurate to eps / cond relative
+        return float(min(mpmath.svd_r(mpmath.matrix(np.asarray(M).tolist()), compute_uv=False)) ** 2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(8, 40), k=st.integers(1, 8), decades=st.integers(0, 5),
+       radius=st.sampled_from([0.0, 1e-14, 1e-9]), cuts=st.lists(st.integers(1, 39), max_size=3))
+def test_cholesky_sigma_bound_never_exceeds_the_exact_value(seed, m, k, decades, radius, cuts):
+    """Tall matrices with singular values over ``decades`` decades, balls of several radii, cut into
+    row blocks anyhow: the Gram-Cholesky bound is below sigma_min^2 (40 digits) of the midpoint and
+    of a random member, or it refuses (-inf, with a reason); and it is within 15% where the
+    rounding terms are far below sigma_min^2."""
+    rng = np.random.default_rng(seed)
+    k = min(k, m)
+    U_, _ = np.linalg.qr(rng.standard_normal((m, k)))
+    V_, _ = np.linalg.qr(rng.standard_normal((k, k)))
+    M = (U_ * np.logspace(0, -decades, k)) @ V_.T
+    ball = (M, np.full_like(M, radius) if radius else None)
+    lo, info = sigma_min_sq_lower_cholesky(_blocks(ball, cuts), k)
+    member = M + radius * rng.uniform(-1, 1, size=M.shape)
+    true = min(_sigma_min_sq_exact(M), _sigma_min_sq_exact(member))
+    assert lo <= true, (lo, true, info)
+    if lo == -np.inf:
+        assert info["cholesky"], info
+    terms = info["gram_rounding"] + (m + k) * 2.0**-52 * info["gram_frobenius_sq"]
+    if terms < 1e-3 * true:
+        assert lo >= 0.85 * true, (lo, true, info)
+
+
+def test_cholesky_sigma_bound_covers_the_worst_member_of_a_wide_ball():
+    """The radius term is live: with shifts that give away almost nothing, the bound stays below
+    sigma_min^2 of the member pushed against the smallest singular pair (0.4% below the midpoint's),
+    where the midpoint's own bound (no radius) is above it."""
+    rng = np.random.default_rng(0)
+    U_, _ = np.linalg.qr(rng.standard_normal((40, 12)))
+    V_, _ = np.linalg.qr(rng.standard_normal((12, 12)))
+    M = (U_ * np.logspace(0, -2, 12)) @ V_.T
+    r = 1e-6
+    u, s, vt = np.linalg.svd(M, full_matrices=False)
+    worst = M - r * np.sign(np.outer(u[:, -1], vt[-1]))
+    s_worst = np.linalg.svd(worst, compute_uv=False)[-1] ** 2
+    shifts = (0.99999, 0.9999, 0.999)
+    lo, info = sigma_min_sq_lower_cholesky(_blocks((M, np.full_like(M, r)), [13, 27]), 12, shifts=shifts)
+    lo_mid, _ = sigma_min_sq_lower_cholesky(_blocks((M, None), [13, 27]), 12, shifts=shifts)
+    assert lo_mid > s_worst  # without the radius the bound would be wrong for this member
+    assert 0 < lo <= s_worst, (lo, s_worst, info)
+
+
+@pytest.mark.parametrize("M, why", [
+    (np.ones((6, 3)), "not positive definite"),  # rank one
+    ((np.linalg.qr(np.random.default_rng(1).standard_normal((30, 6)))[0] * np.logspace(0, -8, 6)),
+     "rounding and radius term"),  # sigma_min^2 1e-16: below the Gram matrix's rounding (3.5e-15)
+    (np.full((5, 2), np.nan), "not finite"),
+])
+def test_cholesky_sigma_bound_refuses_with_a_reason(M, why):
+    lo, info = sigma_min_sq_lower_cholesky(_blocks((M, None), [2]), M.shape[1])
+    assert lo == -np.inf and why in info["cholesky"], info
