@@ -86,8 +86,9 @@ SLICE_CERT_MAX = 128
 # dn up to which the interval-Jacobian certificate is tried (above SLICE_CERT_MAX); where J P does not fit
 # the budget below whole it is streamed (proofs_check.rigorous.jacobian_streaming_plan): one head (64, 128),
 # dn = 8192, seed 0: the certificate 7 of recover's 8.5 min (peak 5.7 GB), recheck 7.5 min (6.2 GB), with
-# the eigenvector bound on sigma_min
-JACOBIAN_CERT_MAX = 8192
+# the eigenvector bound on sigma_min; 16384 (one head (64, 256), k = 16352) since the Cholesky bound fits 8 GiB there:
+# seed 0 certified and rechecked, recover 17 min, recheck 10 min, peak 9.1 GB (whole process)
+JACOBIAN_CERT_MAX = 16384
 # and only when its float64 balls fit in this many bytes, whole or streamed (None: solver.memory's host
 # budget, the smaller of 8 GiB and 3/4 of the free memory); the whole path's peak is about 10 arrays of
 # H n^2 (dn - k) (measured at (32, 64), 644 MiB), estimated as 12
