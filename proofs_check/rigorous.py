@@ -781,8 +781,9 @@ def sigma_min_sq_lower_cholesky(blocks, k: int, on_block=None, shifts=GRAM_SHIFT
     Cholesky factor, from a seeded random start; an estimate only chooses t, it proves nothing).
 
     Its rounding terms are relative to ``||Am||_F^2`` (about ``(m + k) u`` of it), not to
-    ``sigma_min^2``: so it is the tighter of the two bounds where ``||Am||_F^2 / sigma_min^2`` is far
-    below ``1 / ((m + k) u)``, and ``-inf`` where not (then ``info["cholesky"]`` says why), where
+    ``sigma_min^2``: so it is close to the eigenvector bound where ``||Am||_F^2 / sigma_min^2`` is far
+    below ``1 / ((m + k) u)`` (0.95x at one head (32, 64), 0.83x at (64, 128), seed 0:
+    benchmarks/sigma_bench.py), and ``-inf`` where not (then ``info["cholesky"]`` says why), where
     the eigenvector bound still holds to ``sigma_min^2 ~ sqrt(u) ||M||^2``. At one head (64, 256),
     k = 16352, it is what fits the 8 GiB budget at all.
     """
@@ -869,8 +870,9 @@ def _rows_per_block(problem, k: int) -> int:
 
 def jacobian_sigma_method(problem, k: int, rows_per_block: int | None, budget: float) -> str:
     """``sigma`` for `jacobian_slice_bounds` under ``budget``: ``"auto"`` (the Cholesky bound, then the
-    eigenvector bound where that is not positive) where the eigenvector bound's about seven (k, k)
-    arrays fit beside a block and P, else ``"cholesky"`` (one head (64, 256): 15 GB against 8 GiB)."""
+    eigenvector bound where that proves less than ``CHOLESKY_ACCEPT`` of its estimate) where the
+    eigenvector bound's about seven (k, k) arrays fit beside a block and P, else ``"cholesky"`` (one
+    head (64, 256): 15 GB against 8 GiB)."""
     if rows_per_block is None:
         return "auto"
     eigh = rows_per_block * 12 * 8 * problem.n * k + 8 * problem.d * problem.n * k + 7 * 8 * k * k

@@ -648,7 +648,6 @@ def _sigma_min_sq_exact(M) -> float:
         return float(min(mpmath.svd_r(mpmath.matrix(np.asarray(M).tolist()), compute_uv=False)) ** 2)
 
 
-@settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(8, 40), k=st.integers(1, 8), decades=st.integers(0, 5),
        radius=st.sampled_from([0.0, 1e-14, 1e-9]), cuts=st.lists(st.integers(1, 39), max_size=3))
 def test_cholesky_sigma_bound_never_exceeds_the_exact_value(seed, m, k, decades, radius, cuts):
