@@ -171,6 +171,33 @@ def test_keep_freed_memory_reuses_a_freed_block_without_page_faults():
     assert faults_kept < 16
 
 
+_HELD = """
+import sys
+import numpy as np
+from solver.memory import available_bytes, keep_freed_memory, reusable_heap_bytes
+if sys.argv[1] == "keep":
+    keep_freed_memory()
+h0 = reusable_heap_bytes()
+a = np.ones(1 << 26); del a  # 512 MiB, touched and freed
+print(h0, reusable_heap_bytes(), available_bytes())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc's mallinfo2")
+def test_the_budget_counts_the_free_heap_a_process_keeps_as_available():
+    """With freed memory kept, 512 MiB freed stays in the process (the system counts it as used) and
+    reusable_heap_bytes reports it, so host_budget does not shrink by the process's own free heap;
+    with malloc as it comes the block went back to the system and is not counted twice."""
+    def run(arg):
+        out = subprocess.run([sys.executable, "-c", _HELD, arg], capture_output=True, text=True, check=True).stdout
+        return [int(v) for v in out.split()]
+
+    h0, h1, avail = run("keep")
+    assert h1 - h0 >= (1 << 29) * 0.99 and avail >= h1
+    h0, h1, _ = run("system")
+    assert h1 - h0 < 1 << 24  # the mmapped block was unmapped
+
+
 @pytest.mark.parametrize("d,n,heads", [(4, 9, 1), (16, 40, 2), (48, 96, 3)])
 def test_memory_estimate_bounds_xla_accounting(d, n, heads):
     from solver import _generated as gen
