@@ -369,7 +369,7 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
     if cert.kind == "interval-jacobian":
         from solver.memory import GIB, host_budget
 
-        from .rigorous import jacobian_sigma_method, jacobian_streaming_plan
+        from .rigorous import jacobian_eigh_bytes, jacobian_sigma_method, jacobian_streaming_plan
 
         # the float-ball formulas for J P against the reference attention maps: along COMPARE_DIRECTIONS random
         # slice directions P z, the ball (J P) z (midrad.matmul of each block of J P with Z) must hold the
@@ -391,8 +391,25 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         rows_per_block, need = jacobian_streaming_plan(problem, d * n, budget)
         if rows_per_block == 0:
             raise MemoryBudgetError(f"the interval-Jacobian recheck would need about {need / GIB:.1f} GiB, even streamed")
-        b = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=rows_per_block, on_block=compare,
-                                  sigma=jacobian_sigma_method(problem, d * n, rows_per_block, budget))
+        sigma = "auto"
+        if rows_per_block is not None:
+            # streamed: the bound on sigma_min the issuer used (before 0e00504 it was always the eigenvector one),
+            # since the other proves less on an ill-conditioned slice: one head (64, 128), seed 98, issued with the
+            # eigenvector fallback (1.66e-10) was refused by a recheck whose budget allowed only the Cholesky bound
+            # (3.77e-11 recomputed)
+            used = c.get("sigma_from", "eigenvectors")
+            if used == "cholesky":
+                sigma = "cholesky"
+            elif used == "eigenvectors":
+                if jacobian_sigma_method(problem, d * n, rows_per_block, budget) != "auto":
+                    raise MemoryBudgetError(
+                        f"the certificate's sigma_min comes from the eigenvector bound, which would need about "
+                        f"{jacobian_eigh_bytes(problem, d * n, rows_per_block) / GIB:.1f} GiB streamed, over the "
+                        f"{budget / GIB:.1f} GiB budget")
+                sigma = "eigh"
+            else:
+                raise CertificateMismatchError(f"unknown sigma_from {used!r} (expected 'cholesky' or 'eigenvectors')")
+        b = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=rows_per_block, on_block=compare, sigma=sigma)
         b.pop("jacobian_mid", None)
         scale = max(1.0, math.sqrt(ref_sq))
         if math.sqrt(diff_sq) > math.sqrt(rad_sq) * (1 + 1e-12) + 1e-8 * scale:

@@ -875,8 +875,12 @@ def jacobian_sigma_method(problem, k: int, rows_per_block: int | None, budget: f
     head (64, 256): 15 GB against 8 GiB)."""
     if rows_per_block is None:
         return "auto"
-    eigh = rows_per_block * 12 * 8 * problem.n * k + 8 * problem.d * problem.n * k + 7 * 8 * k * k
-    return "auto" if eigh <= budget else "cholesky"
+    return "auto" if jacobian_eigh_bytes(problem, k, rows_per_block) <= budget else "cholesky"
+
+
+def jacobian_eigh_bytes(problem, k: int, rows_per_block: int) -> float:
+    """The streamed eigenvector bound's need: a block, P and about seven (k, k) arrays."""
+    return float(rows_per_block * 12 * 8 * problem.n * k + 8 * problem.d * problem.n * k + 7 * 8 * k * k)
 
 
 def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_block: int | None = None,

@@ -402,6 +402,40 @@ def test_a_streamed_certificate_is_issued_and_rechecked_whole_and_streamed(force
         recheck(cert, problem, X)
 
 
+def test_recheck_uses_the_sigma_bound_the_certificate_used(forced, monkeypatch):
+    """A streamed certificate whose sigma_min came from the eigenvector fallback is rechecked with that
+    bound: a Cholesky recomputation proves less on an ill-conditioned slice (one head (64, 128), seed
+    98, was refused so: 1.66e-10 claimed, 3.77e-11 recomputed). Where that bound does not fit the
+    budget, recheck says so (MemoryBudgetError), not a mismatch; an unknown method is rejected."""
+    import proofs_check.rigorous as rig
+    import solver.memory
+    from solver.errors import MemoryBudgetError
+
+    problem, _, X, sym, _, _ = forced
+    dn = problem.d * problem.n
+    monkeypatch.setattr(rig, "JACOBIAN_BLOCK_BYTES", 3 * 12 * 8 * problem.n * dn)
+    monkeypatch.setattr(certmod, "JACOBIAN_CERT_BYTES", 12 * 8 * problem.n**2 * dn - 1)  # streamed, eigh fits
+    monkeypatch.setattr(certmod, "DENSE_HESSIAN_MAX", 0)
+    monkeypatch.setattr(rig, "CHOLESKY_ACCEPT", 2.0)  # the issuer falls back to the eigenvector bound
+    cert, why = slice_certificate(problem, X, sym, None, iterations=0)
+    assert cert is not None, why
+    assert cert.constants["rows_per_block"] == 3 and cert.constants["sigma_from"] == "eigenvectors"
+    monkeypatch.setattr(rig, "CHOLESKY_ACCEPT", 0.5)
+    monkeypatch.setattr(rig, "jacobian_streaming_plan", lambda problem, k, budget: (3, 0.0))
+    assert recheck(cert, problem, X)["kind"] == "interval-jacobian"
+    k = cert.constants.get("k", dn - sym.dimension)
+    small = rig.jacobian_eigh_bytes(problem, k, 3) - 1  # the eigenvector bound no longer fits
+    monkeypatch.setattr(solver.memory, "host_budget", lambda: small)
+    with pytest.raises(MemoryBudgetError, match="eigenvector bound"):
+        recheck(cert, problem, X)
+    monkeypatch.undo()
+    bad = replace(cert, constants={**cert.constants, "sigma_from": "svd"})
+    monkeypatch.setattr(rig, "JACOBIAN_BLOCK_BYTES", 3 * 12 * 8 * problem.n * dn)
+    monkeypatch.setattr(rig, "jacobian_streaming_plan", lambda problem, k, budget: (3, 0.0))
+    with pytest.raises(CertificateMismatchError, match="unknown sigma_from"):
+        recheck(bad, problem, X)
+
+
 def test_slice_hessian_from_hvp_blocks_is_the_dense_one(monkeypatch):
     """Above DENSE_HESSIAN_MAX, P^T H P comes from blocks of generated HVPs (the dense kernel took
     12.3 GB at dn = 8192): the same matrix as from the dense Hessian, here with blocks of 7 (a short last one)."""
