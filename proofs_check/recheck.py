@@ -369,7 +369,7 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
     if cert.kind == "interval-jacobian":
         from solver.memory import GIB, host_budget
 
-        from .rigorous import jacobian_eigh_bytes, jacobian_sigma_method, jacobian_streaming_plan
+        from .rigorous import jacobian_eigh_bytes, jacobian_streaming_plan
 
         # the float-ball formulas for J P against the reference attention maps: along COMPARE_DIRECTIONS random
         # slice directions P z, the ball (J P) z (midrad.matmul of each block of J P with Z) must hold the
@@ -401,10 +401,11 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
             if used == "cholesky":
                 sigma = "cholesky"
             elif used == "eigenvectors":
-                if jacobian_sigma_method(problem, d * n, rows_per_block, budget) != "auto":
+                eigh_need = jacobian_eigh_bytes(problem, d * n, rows_per_block)
+                if eigh_need > budget:
                     raise MemoryBudgetError(
                         f"the certificate's sigma_min comes from the eigenvector bound, which would need about "
-                        f"{jacobian_eigh_bytes(problem, d * n, rows_per_block) / GIB:.1f} GiB streamed, over the "
+                        f"{eigh_need / GIB:.1f} GiB streamed, over the "
                         f"{budget / GIB:.1f} GiB budget")
                 sigma = "eigh"
             else:

@@ -859,13 +859,14 @@ def jacobian_streaming_plan(problem, k: int, budget: float) -> tuple[int | None,
     whole = 12 * 8 * problem.heads * n * n * k
     if whole <= budget:
         return None, float(whole)
-    rows = _rows_per_block(problem, k)
-    streamed = float(rows * 12 * 8 * n * k + 8 * problem.d * n * k + 2 * 8 * k * k)
+    rows = max(1, min(n, JACOBIAN_BLOCK_BYTES // (12 * 8 * n * k)))
+    streamed = _streamed_bytes(problem, k, rows, 2)
     return (rows if streamed <= budget else 0), streamed
 
 
-def _rows_per_block(problem, k: int) -> int:
-    return max(1, min(problem.n, JACOBIAN_BLOCK_BYTES // (12 * 8 * problem.n * k)))
+def _streamed_bytes(problem, k: int, rows_per_block: int, kk_arrays: int) -> float:
+    """A streamed block of ``J P``, the (dn, k) basis P and ``kk_arrays`` (k, k) arrays, in bytes."""
+    return float(rows_per_block * 12 * 8 * problem.n * k + 8 * problem.d * problem.n * k + kk_arrays * 8 * k * k)
 
 
 def jacobian_sigma_method(problem, k: int, rows_per_block: int | None, budget: float) -> str:
@@ -880,7 +881,7 @@ def jacobian_sigma_method(problem, k: int, rows_per_block: int | None, budget: f
 
 def jacobian_eigh_bytes(problem, k: int, rows_per_block: int) -> float:
     """The streamed eigenvector bound's need: a block, P and about seven (k, k) arrays."""
-    return float(rows_per_block * 12 * 8 * problem.n * k + 8 * problem.d * problem.n * k + 7 * 8 * k * k)
+    return _streamed_bytes(problem, k, rows_per_block, 7)
 
 
 def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_block: int | None = None,
