@@ -69,6 +69,8 @@ def accuracy(args):
                     if res.status == "certified":
                         kinds[res.certificate.kind] = kinds.get(res.certificate.kind, 0) + 1
                         certified += 1
+                        if "sigma_from" in res.certificate.constants:  # which sigma_min(J P) bound (streamed only)
+                            per_seed[-1]["sigma_from"] = res.certificate.constants["sigma_from"]
                         ok = False
                         try:
                             t = time.perf_counter()

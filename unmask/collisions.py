@@ -217,7 +217,6 @@ def extension_test(model, prompt_a, prompt_b, layer: int, *, vocab=None, batch: 
     from unmask.sipit import _bucket, _context
 
     layer = model.check_layer(layer)
-    V = model.config.vocab_size
     distinct = model.embedding_classes()[0]
     vocab = distinct if vocab is None else np.asarray(vocab, dtype=np.int32)
     ctx = _context(model, layer)
