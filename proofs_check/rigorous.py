@@ -762,56 +762,103 @@ def sigma_min_sq_lower_streamed(blocks, k: int, on_block=None) -> tuple[float, d
 GRAM_SHIFTS = (0.95, 0.8, 0.5, 0.1)  # fractions of the Gram matrix's estimated lambda_min tried as Cholesky shifts
 CHOLESKY_ACCEPT = 0.5  # jacobian_slice_bounds(sigma="auto") keeps the Cholesky bound from this fraction of its estimate
 GRAM_INVERSE_ITERATIONS = 40  # most inverse-iteration steps for that estimate (stops at a 1e-3 relative change)
+GRAM_GROUP_ROWS = 2048  # rows of J P summed by one syrk before the partial sum is added (`_gram_upper_grouped`)
 
 
-def sigma_min_sq_lower_cholesky(blocks, k: int, on_block=None, shifts=GRAM_SHIFTS) -> tuple[float, dict]:
+def _gram_upper_grouped(blocks, k: int, on_block=None, group_rows: int = GRAM_GROUP_ROWS):
+    """``(G, T, stats)``: ``G`` (k, k, Fortran order) holds in its upper triangle ``fl(Am^T Am)`` of the
+    midpoint of the ball given by row blocks (``blocks()``, ``on_block`` as in
+    `sigma_min_sq_lower_cholesky`), summed in groups: each group of at least ``group_rows`` rows
+    (whole blocks) is accumulated by BLAS syrk into ``T``, and the groups' partial sums are added
+    into ``G`` one after another. ``T`` is returned as a (k, k) work array (its contents are spent).
+
+    Rounding (Higham, any summation order inside a group): with M the most rows in a group and N
+    the number of groups, ``|G - Am^T Am| <= (gamma_M + gamma_(N-1) (1 + gamma_M)) |Am|^T |Am|``
+    entrywise; ``stats["gamma"]`` is an upper bound on that factor. Summed in one syrk (M = m,
+    the bound before this function) the factor is gamma_m: at one head (64, 128), m = 16384, about
+    6x the grouped one (2560 rows a group, 7 groups); at (64, 256) 30x.
+
+    ``stats`` also holds ``a_sq`` and ``r_sq``, upper bounds (arb) on ``||Am||_F^2`` and
+    ``||Ar||_F^2``, ``m``, ``groups`` and ``group_max_rows``."""
+    import scipy.linalg.blas
+
+    G = np.zeros((k, k), order="F")
+    T = np.zeros((k, k), order="F")
+    a_sq, r_sq = flint.arb(0), flint.arb(0)
+    m = in_group = groups = most = 0
+
+    def add_group():
+        nonlocal in_group, groups, most
+        for j0 in range(0, k, 512):  # the upper triangle only, by column panels (no (k, k) temporary)
+            j1 = min(k, j0 + 512)
+            G[:j1, j0:j1] += T[:j1, j0:j1]
+        groups, most, in_group = groups + 1, max(most, in_group), 0
+
+    for rows, blk in blocks():
+        if on_block is not None:
+            on_block(rows, blk)
+        Am, Ar = blk
+        # the first block of a group overwrites T's upper triangle (beta = 0 reads nothing of T)
+        scipy.linalg.blas.dsyrk(1.0, np.asarray(Am, np.float64).T, beta=1.0 if in_group else 0.0, c=T, trans=0,
+                                lower=0, overwrite_c=1)
+        a_sq += flint.arb(midrad.norm_upper((Am, None))) ** 2
+        if Ar is not None:
+            r_sq += flint.arb(midrad.norm_upper((Ar, None))) ** 2
+        m += Am.shape[0]
+        in_group += Am.shape[0]
+        if in_group >= group_rows:
+            add_group()
+    if in_group:
+        add_group()
+    if not (most + 1) * midrad.U < 0.01 or not (groups + 1) * midrad.U < 0.01:
+        raise ValueError(f"{most} rows in a group or {groups} groups: too many for the a-priori rounding bound")
+    g_in = flint.arb(1.03 * (most + 1) * midrad.U)  # >= gamma_M, as in midrad.matmul
+    g_across = flint.arb(1.03 * (groups + 1) * midrad.U)  # >= gamma_(N-1)
+    gamma = float((g_in + g_across * (1 + g_in)).upper())
+    return G, T, {"gamma": gamma, "a_sq": flint.arb(a_sq.upper()), "r_sq": flint.arb(r_sq.upper()), "m": m,
+                  "groups": groups, "group_max_rows": most}
+
+
+def sigma_min_sq_lower_cholesky(blocks, k: int, on_block=None, shifts=GRAM_SHIFTS,
+                                group_rows: int = GRAM_GROUP_ROWS) -> tuple[float, dict]:
     """Rigorous lower bound on ``sigma_min(M)^2`` for every M of a float ball A given by row blocks,
     from one pass over the blocks and Cholesky factorisations, with no eigenvectors: two (k, k) arrays
     where `sigma_min_sq_lower_streamed` needs about seven and a second pass.
 
     ``blocks()``, ``on_block``: as in `sigma_min_sq_lower_streamed` (one pass here). The pass
-    accumulates ``Gm = fl(Am^T Am)`` (BLAS syrk into its upper triangle, in place) and upper bounds
-    ``a^2 >= ||Am||_F^2`` and ``r^2 >= ||Ar||_F^2``. For every member ``M = Am + D``, ``|D| <= Ar``:
-    ``M^T M = Am^T Am + Am^T D + D^T Am + D^T D`` and ``|fl(Am^T Am) - Am^T Am| <= gamma_m |Am|^T |Am|``
-    entrywise (Higham, any summation order, m the number of rows), so by Weyl ``lambda_min(M^T M) >=
-    lambda_min(Gm) - (gamma_m a^2 + 2 a r + r^2)``, using ``|| |Am|^T |Am| ||_2 = || |Am| ||_2^2 <=
+    accumulates ``Gm = fl(Am^T Am)`` (`_gram_upper_grouped`: BLAS syrk by groups of about
+    ``group_rows`` rows, the groups' sums added) and upper bounds ``a^2 >= ||Am||_F^2`` and ``r^2 >=
+    ||Ar||_F^2``. For every member ``M = Am + D``, ``|D| <= Ar``: ``M^T M = Am^T Am + Am^T D + D^T Am +
+    D^T D`` and ``|Gm - Am^T Am| <= gamma |Am|^T |Am|`` entrywise (gamma from the rows in a group and
+    the number of groups, see `_gram_upper_grouped`), so by Weyl ``lambda_min(M^T M) >=
+    lambda_min(Gm) - (gamma a^2 + 2 a r + r^2)``, using ``|| |Am|^T |Am| ||_2 = || |Am| ||_2^2 <=
     ||Am||_F^2`` and ``||D||_2 <= ||Ar||_F``. Then ``lambda_min(Gm) >= t - c`` is proved by
     `lambda_min_at_least`'s shifted Cholesky, with ``t`` a fraction (``shifts``, tried in turn) of an
     estimate of ``lambda_min(Gm)`` (the Rayleigh quotient of inverse iteration with Gm's own
     Cholesky factor, from a seeded random start; an estimate only chooses t, it proves nothing).
 
-    Its rounding terms are relative to ``||Am||_F^2`` (about ``(m + k) u`` of it), not to
-    ``sigma_min^2``: so it is close to the eigenvector bound where ``||Am||_F^2 / sigma_min^2`` is far
-    below ``1 / ((m + k) u)`` (0.95x at one head (32, 64), 0.83x at (64, 128), seed 0:
-    benchmarks/sigma_bench.py), and ``-inf`` where not (then ``info["cholesky"]`` says why), where
-    the eigenvector bound still holds to ``sigma_min^2 ~ sqrt(u) ||M||^2``. At one head (64, 256),
-    k = 16352, it is what fits the 8 GiB budget at all.
+    Its rounding terms are relative to ``||Am||_F^2`` (about ``(M + N + k) u`` of it, M the rows in a
+    group and N the groups), not to ``sigma_min^2``: so it is close to the eigenvector bound where
+    ``||Am||_F^2 / sigma_min^2`` is far below ``1 / ((M + N + k) u)``, and ``-inf`` where not (then
+    ``info["cholesky"]`` says why), where the eigenvector bound still holds to ``sigma_min^2 ~
+    sqrt(u) ||M||^2``. Summed in one syrk (before the groups) it was 0.95x the eigenvector bound at
+    one head (32, 64) and 0.83x at (64, 128), seed 0 (benchmarks/sigma_bench.py). At one head
+    (64, 256), k = 16352, it is what fits the 8 GiB budget at all.
     """
     import scipy.linalg.blas
     import scipy.linalg.lapack
 
     if not (k + 1) * midrad.U < 0.01:
         raise ValueError(f"inner dimension {k} too large for the a-priori rounding bound")
-    G = np.zeros((k, k), order="F")  # upper triangle: the Gram matrix of the midpoint
-    a_sq, r_sq = flint.arb(0), flint.arb(0)
-    m = 0
-    for rows, blk in blocks():
-        if on_block is not None:
-            on_block(rows, blk)
-        Am, Ar = blk
-        scipy.linalg.blas.dsyrk(1.0, np.asarray(Am, np.float64).T, beta=1.0, c=G, trans=0, lower=0, overwrite_c=1)
-        a_sq += flint.arb(midrad.norm_upper((Am, None))) ** 2
-        if Ar is not None:
-            r_sq += flint.arb(midrad.norm_upper((Ar, None))) ** 2
-        m += Am.shape[0]
-    gamma = 1.03 * (m + 1) * midrad.U  # >= gamma_m, as in midrad.matmul
-    a_sq, r_sq = flint.arb(a_sq.upper()), flint.arb(r_sq.upper())
-    rounding = float((flint.arb(gamma) * a_sq + 2 * (a_sq * r_sq).sqrt() + r_sq).upper())
-    info = {"sigma_from": "cholesky", "gram_rounding": rounding, "gram_frobenius_sq": float(a_sq.upper())}
+    G, R, stats = _gram_upper_grouped(blocks, k, on_block, group_rows)
+    a_sq, r_sq = stats["a_sq"], stats["r_sq"]
+    rounding = float((flint.arb(stats["gamma"]) * a_sq + 2 * (a_sq * r_sq).sqrt() + r_sq).upper())
+    info = {"sigma_from": "cholesky", "gram_rounding": rounding, "gram_frobenius_sq": float(a_sq.upper()),
+            "gram_groups": stats["groups"], "gram_group_max_rows": stats["group_max_rows"]}
     if not math.isfinite(float(G.sum())):  # (a NaN or inf propagates; an overflowing sum only refuses)
         info["cholesky"] = "the midpoint Gram matrix is not finite"
         return -math.inf, info
-    R = np.array(G, order="F")
+    np.copyto(R, G)  # (R: the groups' work array, reused)
     _, fail = scipy.linalg.lapack.dpotrf(R, lower=0, overwrite_a=1, clean=0)
     if fail != 0:
         info["cholesky"] = "the midpoint Gram matrix is not positive definite in float64"

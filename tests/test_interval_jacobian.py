@@ -683,19 +683,20 @@ def _sigma_min_sq_exact(M) -> float:
 
 
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(8, 40), k=st.integers(1, 8), decades=st.integers(0, 5),
-       radius=st.sampled_from([0.0, 1e-14, 1e-9]), cuts=st.lists(st.integers(1, 39), max_size=3))
-def test_cholesky_sigma_bound_never_exceeds_the_exact_value(seed, m, k, decades, radius, cuts):
+       radius=st.sampled_from([0.0, 1e-14, 1e-9]), cuts=st.lists(st.integers(1, 39), max_size=3),
+       group_rows=st.integers(1, 48))
+def test_cholesky_sigma_bound_never_exceeds_the_exact_value(seed, m, k, decades, radius, cuts, group_rows):
     """Tall matrices with singular values over ``decades`` decades, balls of several radii, cut into
-    row blocks anyhow: the Gram-Cholesky bound is below sigma_min^2 (40 digits) of the midpoint and
-    of a random member, or it refuses (-inf, with a reason); and it is within 15% where the
-    rounding terms are far below sigma_min^2."""
+    row blocks anyhow and summed in groups of any size: the Gram-Cholesky bound is below
+    sigma_min^2 (40 digits) of the midpoint and of a random member, or it refuses (-inf, with a
+    reason); and it is within 15% where the rounding terms are far below sigma_min^2."""
     rng = np.random.default_rng(seed)
     k = min(k, m)
     U_, _ = np.linalg.qr(rng.standard_normal((m, k)))
     V_, _ = np.linalg.qr(rng.standard_normal((k, k)))
     M = (U_ * np.logspace(0, -decades, k)) @ V_.T
     ball = (M, np.full_like(M, radius) if radius else None)
-    lo, info = sigma_min_sq_lower_cholesky(_blocks(ball, cuts), k)
+    lo, info = sigma_min_sq_lower_cholesky(_blocks(ball, cuts), k, group_rows=group_rows)
     member = M + radius * rng.uniform(-1, 1, size=M.shape)
     true = min(_sigma_min_sq_exact(M), _sigma_min_sq_exact(member))
     assert lo <= true, (lo, true, info)
@@ -704,6 +705,50 @@ def test_cholesky_sigma_bound_never_exceeds_the_exact_value(seed, m, k, decades,
     terms = info["gram_rounding"] + (m + k) * 2.0**-52 * info["gram_frobenius_sq"]
     if terms < 1e-3 * true:
         assert lo >= 0.85 * true, (lo, true, info)
+
+
+@pytest.mark.parametrize("group_rows", [1, 5, 64])
+def test_grouped_gram_rounding_holds_against_exact_products(group_rows):
+    """`_gram_upper_grouped`'s rounding factor against the exact Gram matrix (rational arithmetic):
+    rows of magnitudes over 16 decades with cancelling signs, so the float sums lose most of their
+    digits; every entry of the upper triangle stays within ``gamma |A|^T |A|``, and the error is
+    not zero (the check has rounding to catch)."""
+    from fractions import Fraction
+
+    from proofs_check.rigorous import _gram_upper_grouped
+
+    rng = np.random.default_rng(7)
+    m, k = 60, 5
+    A = rng.standard_normal((m, k)) * 10.0 ** rng.integers(-8, 8, size=(m, 1))
+    A[1::2] = A[::2] * (np.array([1.0, -1.0, 1.0, -1.0, 1.0]) * (1 + 2.0**-40))  # pairs whose products nearly cancel in G[i, j], i + j odd
+    G, _, stats = _gram_upper_grouped(_blocks((A, None), [7, 19, 33, 50]), k, group_rows=group_rows)
+    assert stats["m"] == m and stats["group_max_rows"] >= min(group_rows, 7)
+    F = [[Fraction(float(x)) for x in row] for row in A]
+    worst_err, worst_ratio = 0.0, 0.0
+    for i in range(k):
+        for j in range(i, k):
+            exact = sum(F[r][i] * F[r][j] for r in range(m))
+            scale = sum(abs(F[r][i] * F[r][j]) for r in range(m))
+            err = abs(Fraction(float(G[i, j])) - exact)
+            assert err <= Fraction(stats["gamma"]) * scale, (i, j, float(err), float(scale))
+            worst_err = max(worst_err, float(err))
+            worst_ratio = max(worst_ratio, float(err / scale))
+    assert worst_err > 0
+    assert np.all(np.tril(G, -1) == 0)  # the strict lower triangle is never written
+
+
+def test_grouped_gram_rounding_is_smaller_than_one_sum():
+    """The point of the groups: at 8192 rows in blocks of 256, groups of 1024 rows give a rounding
+    factor of about (1024 + 8) u where one syrk over every row gives 8192 u."""
+    from proofs_check.rigorous import _gram_upper_grouped
+
+    A = np.random.default_rng(3).standard_normal((8192, 4))
+    cuts = list(range(256, 8192, 256))
+    one = _gram_upper_grouped(_blocks((A, None), cuts), 4, group_rows=8192)[2]
+    grouped = _gram_upper_grouped(_blocks((A, None), cuts), 4, group_rows=1024)[2]
+    assert (one["groups"], grouped["groups"], grouped["group_max_rows"]) == (1, 8, 1024)
+    assert grouped["gamma"] < 0.13 * one["gamma"]
+    assert one["gamma"] >= 8192 * 2.0**-53  # gamma_m, m the rows
 
 
 def test_cholesky_sigma_bound_covers_the_worst_member_of_a_wide_ball():
