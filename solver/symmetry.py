@@ -681,7 +681,10 @@ def orbit_norm_newton(M, L, signs, C0, max_iter: int = 200, gtol: float = 1e-10)
         ev = np.linalg.eigvalsh(H)
         shift = np.where(ev[:, 0] > 0, 0.0, 1.1 * np.maximum(0.0, -ev[:, 0]) + 1e-8 * np.abs(ev).max(axis=1))
         k = H.shape[1]
-        step = -np.linalg.solve(H + shift[:, None, None] * np.eye(k), g[:, :, None])[:, :, 0]
+        try:
+            step = -np.linalg.solve(H + shift[:, None, None] * np.eye(k), g[:, :, None])[:, :, 0]
+        except np.linalg.LinAlgError:  # (one exactly singular system stops the batched solve: least squares)
+            step = -(np.linalg.pinv(H + shift[:, None, None] * np.eye(k)) @ g[:, :, None])[:, :, 0]
         moved = np.zeros(active.size, bool)
         gained = np.zeros(active.size, bool)
         trial = np.arange(active.size)
@@ -804,8 +807,8 @@ def balance_orbit(problem: Problem, sym: Symmetry, X: np.ndarray, sweeps: int = 
     flips reach 32.0 (planted: 32.0) in 14 s; at 4 flips or fewer that search was exhaustive already.
     Seed 48 (3 flips, 16 circles): 62.7 after every product of flips, no single flip or half-turn
     lowers it, and a flip and a half-turn together reach 31.9 (planted: 32.0, 31.9 balanced); the
-    orbit search finds that point (0.7 s for all of this function since `orbit_norm_newton`). Still a search, not a proof of the global minimum:
-    the norm on the orbit is not convex.
+    orbit search finds that point (0.7 s for all of this function since `orbit_norm_newton`). Still
+    a search, not a proof of the global minimum: the norm on the orbit is not convex.
     """
     Y, best = balance(sym, X)
     k = sym.lie_algebra.shape[0]
