@@ -788,8 +788,7 @@ def orbit_norm_search(problem: Problem, sym: Symmetry, X: np.ndarray, starts: in
     if not np.any(np.isfinite(f)):
         return None
     b = int(np.argmin(f))
-    best = (float(f[b]), signs_all[b] * np.exp(L @ C[b]))
-    return _real_group_element(problem, V, Vinv, best[1])
+    return _real_group_element(problem, V, Vinv, signs_all[b] * np.exp(L @ C[b]))
 
 
 def balance_orbit(problem: Problem, sym: Symmetry, X: np.ndarray, sweeps: int = 3,
