@@ -484,11 +484,30 @@ def _hvp_rows(problem: Problem, X, count: int, directions) -> np.ndarray:
 def _slice_hessian(problem: Problem, X, P) -> np.ndarray:
     """``P^T hess L(X) P`` in float64: from the dense Hessian up to dn = ``DENSE_HESSIAN_MAX``, above
     it from blocks of ``HVP_BLOCK`` generated HVPs against P's columns (the dense kernel peaked at
-    12.3 GB at dn = 8192, one head (64, 128); by blocks the peak is ``H P``, the size of P)."""
+    12.3 GB at dn = 8192, one head (64, 128)).
+
+    By blocks, only the upper triangle is multiplied out: columns j .. j + b - 1 are
+    ``P[:, :j + b]^T (H P[:, j:j + b])``, and the rows below the block are their transpose. That is
+    half the flops of ``P^T (H P)`` and holds one (b, dn) block of ``H P``, not all of it. Each
+    diagonal (b, b) block is computed whole, so it is symmetric only to rounding: callers symmetrise.
+    """
     dn, k = P.shape
     if dn <= DENSE_HESSIAN_MAX:
         return P.T @ np.asarray(problem.hessian(X), np.float64).reshape(dn, dn) @ P
-    return P.T @ _hvp_rows(problem, X, k, lambda j, b: P[:, j:j + b].T).T
+    import jax
+
+    d, n = problem.d, problem.n
+    hvps = jax.jit(jax.vmap(lambda V: problem.hvp(X, V)))
+    Hs = np.empty((k, k))
+    V = np.zeros((HVP_BLOCK, dn))
+    for j in range(0, k, HVP_BLOCK):
+        b = min(HVP_BLOCK, k - j)
+        V[:b] = P[:, j:j + b].T
+        V[b:] = 0.0  # a short last block is padded with zeros: one compilation
+        HPb = np.asarray(hvps(V.reshape(HVP_BLOCK, d, n)), np.float64).reshape(HVP_BLOCK, dn)[:b]
+        Hs[:j + b, j:j + b] = P[:, :j + b].T @ HPb.T
+        Hs[j:j + b, :j] = Hs[:j, j:j + b].T
+    return Hs
 
 
 def _slice_factor(Hs: np.ndarray) -> tuple[object | None, float, str]:

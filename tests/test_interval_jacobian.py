@@ -448,8 +448,13 @@ def test_slice_hessian_from_hvp_blocks_is_the_dense_one(monkeypatch):
     monkeypatch.setattr(certmod, "DENSE_HESSIAN_MAX", 0)
     monkeypatch.setattr(certmod, "HVP_BLOCK", 7)
     blocked = _slice_hessian(problem, X, P)
-    assert P.shape[1] % 7 and blocked.shape == dense.shape
+    assert P.shape[1] % 7 and P.shape[1] > 14 and blocked.shape == dense.shape
     assert np.linalg.norm(blocked - dense) <= 1e-13 * np.linalg.norm(dense)
+    # only the upper triangle is multiplied out (by column blocks); below the diagonal blocks it is
+    # the transpose, exactly
+    k = P.shape[1]
+    below = np.tril(np.ones((k, k), bool), -1) & ~np.kron(np.eye(-(-k // 7), dtype=bool), np.ones((7, 7), bool))[:k, :k]
+    assert below.any() and np.array_equal(blocked[below], blocked.T[below])
 
 
 def test_streaming_plan_counts_two_gram_arrays_and_the_eigh_fallback_seven():
