@@ -463,21 +463,27 @@ def slice_basis(problem: Problem, X, sym) -> np.ndarray:
     return np.ascontiguousarray(Q[:, T.shape[1]:])
 
 
-def _hvp_rows(problem: Problem, X, count: int, directions) -> np.ndarray:
-    """``(count, dn)`` rows ``H v`` for the directions ``directions(j, b)`` (a (b, dn) array: rows j ..
-    j + b - 1), ``HVP_BLOCK`` generated HVPs at a time; a short last block is padded with zeros, so
-    there is one compilation."""
+def _hvp_blocks(problem: Problem, X, count: int, directions):
+    """Yield ``(j, b, HV)`` for j = 0, ``HVP_BLOCK``, ...: HV the (b, dn) rows ``H v`` for the directions
+    ``directions(j, b)`` (a (b, dn) array: rows j .. j + b - 1), ``HVP_BLOCK`` generated HVPs at a time;
+    a short last block is padded with zeros, so there is one compilation."""
     import jax
 
     d, n = problem.d, problem.n
     dn = d * n
     hvps = jax.jit(jax.vmap(lambda V: problem.hvp(X, V)))
-    out = np.empty((count, dn))
     for j in range(0, count, HVP_BLOCK):
         b = min(HVP_BLOCK, count - j)
         V = np.zeros((HVP_BLOCK, dn))
         V[:b] = directions(j, b)
-        out[j:j + b] = np.asarray(hvps(V.reshape(HVP_BLOCK, d, n)), np.float64).reshape(HVP_BLOCK, dn)[:b]
+        yield j, b, np.asarray(hvps(V.reshape(HVP_BLOCK, d, n)), np.float64).reshape(HVP_BLOCK, dn)[:b]
+
+
+def _hvp_rows(problem: Problem, X, count: int, directions) -> np.ndarray:
+    """``(count, dn)`` rows ``H v`` for the directions ``directions(j, b)``, by `_hvp_blocks`."""
+    out = np.empty((count, problem.d * problem.n))
+    for j, b, HV in _hvp_blocks(problem, X, count, directions):
+        out[j:j + b] = HV
     return out
 
 
@@ -494,17 +500,8 @@ def _slice_hessian(problem: Problem, X, P) -> np.ndarray:
     dn, k = P.shape
     if dn <= DENSE_HESSIAN_MAX:
         return P.T @ np.asarray(problem.hessian(X), np.float64).reshape(dn, dn) @ P
-    import jax
-
-    d, n = problem.d, problem.n
-    hvps = jax.jit(jax.vmap(lambda V: problem.hvp(X, V)))
     Hs = np.empty((k, k))
-    V = np.zeros((HVP_BLOCK, dn))
-    for j in range(0, k, HVP_BLOCK):
-        b = min(HVP_BLOCK, k - j)
-        V[:b] = P[:, j:j + b].T
-        V[b:] = 0.0  # a short last block is padded with zeros: one compilation
-        HPb = np.asarray(hvps(V.reshape(HVP_BLOCK, d, n)), np.float64).reshape(HVP_BLOCK, dn)[:b]
+    for j, b, HPb in _hvp_blocks(problem, X, k, lambda j, b: P[:, j:j + b].T):
         Hs[:j + b, j:j + b] = P[:, :j + b].T @ HPb.T
         Hs[j:j + b, :j] = Hs[:j, j:j + b].T
     return Hs
