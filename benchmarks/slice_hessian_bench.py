@@ -8,7 +8,7 @@ blocks, then one gemm).
 
 For each one-head planted instance, at its planted X (an exact fit), P is ``slice_basis``. Reports the
 CPU seconds of each way (the fastest of ``--repeats``, the ways alternating; both include the same
-dn/256 HVP calls and their JIT compilation), their ratio, and the relative Frobenius difference of
+k / 256 calls of 256 HVPs (k = P's columns) and their JIT compilation), their ratio, and the relative Frobenius difference of
 the two symmetrised results. Prints a table; writes JSON atomically.
 """
 
