@@ -24,6 +24,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import numpy as np  # noqa: E402
 
+from _common import size_pairs  # noqa: E402
+
 import solver.certificate as certmod  # noqa: E402
 from solver import planted_instance  # noqa: E402
 from solver.io import atomic_write_json  # noqa: E402
@@ -38,15 +40,14 @@ def full_product(problem, X, P) -> np.ndarray:
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="64x128", help="DxN,... (one head; dn above DENSE_HESSIAN_MAX to matter)")
+    ap.add_argument("--sizes", type=size_pairs, default="64x128", help="DxN,... (one head; dn above DENSE_HESSIAN_MAX to matter)")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", default="benchmarks/results/slice_hessian_bench.json")
     args = ap.parse_args(argv)
     rows = []
     print(f"{'(d, n)':>10} {'seed':>4} {'k':>6} {'blocks s':>9} {'full s':>8} {'ratio':>6} {'rel diff':>9}")
-    for size in args.sizes.split(","):
-        d, n = (int(x) for x in size.split("x"))
+    for d, n in args.sizes:
         if d * n <= certmod.DENSE_HESSIAN_MAX:
             raise SystemExit(f"dn = {d * n} is at most DENSE_HESSIAN_MAX = {certmod.DENSE_HESSIAN_MAX}: the dense path runs")
         for seed in (int(s) for s in args.seeds.split(",")):
