@@ -9,7 +9,7 @@ For each one-head planted instance (d, n): the slice basis P at the planted X (a
 picks under the host budget (at least two blocks, so both methods stream), on the first box
 ``slice_certificate`` tries (half-width 1e-20 max(1, |X|_max)), with ``sigma="eigh"`` (two passes
 over ``J P``, ``eigh`` of the Gram matrix: about seven (k, k) arrays) and ``sigma="cholesky"`` (one
-pass, shifted Cholesky factorisations: two). Each (size, method) runs in its own child process, so
+pass, shifted Cholesky factorisations: one). Each (size, method) runs in its own child process, so
 the peak RSS (``os.wait4``) is that method's, setup included (the same setup for both); the methods
 alternate within a size. The child keeps freed memory (`solver.memory.keep_freed_memory`), as
 `unmask` and recover_bench.py do. Prints seconds for the bound alone, wall seconds, peak GiB, the bound, and

@@ -762,44 +762,67 @@ def sigma_min_sq_lower_streamed(blocks, k: int, on_block=None) -> tuple[float, d
 GRAM_SHIFTS = (0.95, 0.8, 0.5, 0.1)  # fractions of the Gram matrix's estimated lambda_min tried as Cholesky shifts
 CHOLESKY_ACCEPT = 0.5  # jacobian_slice_bounds(sigma="auto") keeps the Cholesky bound from this fraction of its estimate
 GRAM_INVERSE_ITERATIONS = 40  # most inverse-iteration steps for that estimate (stops at a 1e-3 relative change)
-GRAM_GROUP_ROWS = 2048  # rows of J P summed by one syrk before the partial sum is added (`_gram_upper_grouped`)
+GRAM_GROUP_ROWS = 2048  # rows of J P summed by one syrk before the partial sum is added (`_gram_lower_grouped`)
 
 
-def _gram_upper_grouped(blocks, k: int, on_block=None, group_rows: int = GRAM_GROUP_ROWS):
-    """``(G, T, stats)``: ``G`` (k, k, Fortran order) holds in its upper triangle ``fl(Am^T Am)`` of the
-    midpoint of the ball given by row blocks (``blocks()``, ``on_block`` as in
-    `sigma_min_sq_lower_cholesky`), summed in groups: each group of at least ``group_rows`` rows
-    (whole blocks) is accumulated by BLAS syrk into ``T``, and the groups' partial sums are added
-    into ``G`` one after another. ``T`` is returned as a (k, k) work array (its contents are spent).
+GRAM_PANEL = 256  # tile width when `_gram_lower_grouped` adds a group or `_mirror_gram` mirrors (a transposing copy:
+# (256, 256) tiles took half the CPU of (256, k) panels, measured at k = 8160)
+
+
+def _below_diagonal_tiles(k: int):
+    """``(rows, cols)`` slices of the (GRAM_PANEL, GRAM_PANEL) tiles strictly below the diagonal tiles."""
+    for j0 in range(0, k, GRAM_PANEL):
+        rows = slice(j0, min(k, j0 + GRAM_PANEL))
+        for i0 in range(0, j0, GRAM_PANEL):
+            yield rows, slice(i0, i0 + GRAM_PANEL)
+
+
+def _gram_lower_grouped(blocks, k: int, on_block=None, group_rows: int = GRAM_GROUP_ROWS):
+    """``(S, g_diag, stats)``: ``fl(Am^T Am)`` of the midpoint of the ball given by row blocks
+    (``blocks()``, ``on_block`` as in `sigma_min_sq_lower_cholesky`) in one (k, k) Fortran array:
+    its strict lower triangle in the strict lower triangle of ``S``, its diagonal in ``g_diag``.
+    ``S``'s upper triangle and diagonal are a work area (their contents are spent): here the groups'
+    partial sums, in `sigma_min_sq_lower_cholesky` the Cholesky factors (`_mirror_gram`). One
+    (k, k) array where a separate work array made two (2.1 GB less at one head (64, 256)).
+
+    Summed in groups: each group of at least ``group_rows`` rows (whole blocks) is accumulated by BLAS
+    syrk into ``S``'s upper triangle, and the groups' partial sums are added into the lower one, one
+    after another (the same additions, in the same order, as into a separate array).
 
     Rounding (Higham, any summation order inside a group): with M the most rows in a group and N
     the number of groups, ``|G - Am^T Am| <= (gamma_M + gamma_(N-1) (1 + gamma_M)) |Am|^T |Am|``
     entrywise; ``stats["gamma"]`` is an upper bound on that factor. Summed in one syrk (M = m,
-    the bound before this function) the factor is gamma_m: at one head (64, 128), m = 16384, about
+    the bound before the groups) the factor is gamma_m: at one head (64, 128), m = 16384, about
     6x the grouped one (2560 rows a group, 7 groups); at (64, 256) 30x.
 
     ``stats`` also holds ``a_sq`` and ``r_sq``, upper bounds (arb) on ``||Am||_F^2`` and
     ``||Ar||_F^2``, ``m``, ``groups`` and ``group_max_rows``."""
     import scipy.linalg.blas
 
-    G = np.zeros((k, k), order="F")
-    T = np.zeros((k, k), order="F")
+    S = np.zeros((k, k), order="F")
+    g_diag = np.zeros(k)
     a_sq, r_sq = flint.arb(0), flint.arb(0)
     m = in_group = groups = most = 0
 
-    def add_group():
+    def add_group():  # lower triangle += the group's upper triangle, transposed, by tiles
         nonlocal in_group, groups, most
-        for j0 in range(0, k, 512):  # the upper triangle only, by column panels (no (k, k) temporary)
-            j1 = min(k, j0 + 512)
-            G[:j1, j0:j1] += T[:j1, j0:j1]
+        for rows, cols in _below_diagonal_tiles(k):
+            S[rows, cols] += S[cols, rows].T
+        for j0 in range(0, k, GRAM_PANEL):
+            j1 = min(k, j0 + GRAM_PANEL)
+            D = S[j0:j1, j0:j1]
+            low = np.tril_indices(j1 - j0, -1)
+            D[low] += D.T[low]
+            g_diag[j0:j1] += D.diagonal()
         groups, most, in_group = groups + 1, max(most, in_group), 0
 
     for rows, blk in blocks():
         if on_block is not None:
             on_block(rows, blk)
         Am, Ar = blk
-        # the first block of a group overwrites T's upper triangle (beta = 0 reads nothing of T)
-        scipy.linalg.blas.dsyrk(1.0, np.asarray(Am, np.float64).T, beta=1.0 if in_group else 0.0, c=T, trans=0,
+        # the first block of a group overwrites the upper triangle (beta = 0 reads nothing of it);
+        # syrk with lower=0 never writes the strict lower triangle
+        scipy.linalg.blas.dsyrk(1.0, np.asarray(Am, np.float64).T, beta=1.0 if in_group else 0.0, c=S, trans=0,
                                 lower=0, overwrite_c=1)
         a_sq += flint.arb(midrad.norm_upper((Am, None))) ** 2
         if Ar is not None:
@@ -815,22 +838,59 @@ def _gram_upper_grouped(blocks, k: int, on_block=None, group_rows: int = GRAM_GR
     g_in = flint.arb(1.03 * (most + 1) * midrad.U)  # >= gamma_M, as in midrad.matmul
     g_across = flint.arb(1.03 * (groups + 1) * midrad.U)  # >= gamma_(N-1)
     gamma = float((g_in + g_across * (1 + g_in)).upper())
-    return G, T, {"gamma": gamma, "a_sq": flint.arb(a_sq.upper()), "r_sq": flint.arb(r_sq.upper()), "m": m,
-                  "groups": groups, "group_max_rows": most}
+    return S, g_diag, {"gamma": gamma, "a_sq": flint.arb(a_sq.upper()), "r_sq": flint.arb(r_sq.upper()), "m": m,
+                       "groups": groups, "group_max_rows": most}
+
+
+def _mirror_gram(S: np.ndarray, g_diag: np.ndarray) -> np.ndarray:
+    """Copies the Gram matrix of `_gram_lower_grouped` (``S``'s strict lower triangle, ``g_diag``)
+    into ``S``'s upper triangle and diagonal, exactly (copies, no arithmetic), by tiles; the
+    strict lower triangle is left as it is. Returns ``S``."""
+    k = S.shape[0]
+    for rows, cols in _below_diagonal_tiles(k):
+        S[cols, rows] = S[rows, cols].T
+    for j0 in range(0, k, GRAM_PANEL):
+        j1 = min(k, j0 + GRAM_PANEL)
+        D = S[j0:j1, j0:j1]
+        up = np.triu_indices(j1 - j0, 1)
+        D[up] = D.T[up]
+    S[np.diag_indices(k)] = g_diag
+    return S
+
+
+def _gram_lower_is_finite(S: np.ndarray, g_diag: np.ndarray) -> bool:
+    """Whether the Gram matrix of `_gram_lower_grouped` is finite (by row panels: no (k, k) temporary)."""
+    k = S.shape[0]
+    total = float(np.sum(g_diag))
+    for j0 in range(0, k, GRAM_PANEL):
+        j1 = min(k, j0 + GRAM_PANEL)
+        total += float(np.sum(S[j0:j1, :j0])) + float(np.sum(np.tril(S[j0:j1, j0:j1], -1)))
+    return math.isfinite(total)  # (a NaN or inf propagates; an overflowing sum only refuses)
+
+
+def _gram_rayleigh(S: np.ndarray, g_diag: np.ndarray, y: np.ndarray) -> float:
+    """``y^T G y`` for the Gram matrix of `_gram_lower_grouped` (an estimate: float64, no bound):
+    ``2 y^T L y + sum(g_diag y^2)`` with L its strict lower triangle, from one unit-diagonal trmv
+    (``(L + I) y``; S's diagonal, the work area's, is not read)."""
+    import scipy.linalg.blas
+
+    Ly = scipy.linalg.blas.dtrmv(S, y, lower=1, diag=1) - y
+    return float(2.0 * (y @ Ly) + g_diag @ (y * y))
 
 
 def sigma_min_sq_lower_cholesky(blocks, k: int, on_block=None, shifts=GRAM_SHIFTS,
                                 group_rows: int = GRAM_GROUP_ROWS) -> tuple[float, dict]:
     """Rigorous lower bound on ``sigma_min(M)^2`` for every M of a float ball A given by row blocks,
-    from one pass over the blocks and Cholesky factorisations, with no eigenvectors: two (k, k) arrays
-    where `sigma_min_sq_lower_streamed` needs about seven and a second pass.
+    from one pass over the blocks and Cholesky factorisations, with no eigenvectors: one (k, k) array
+    (the Gram matrix in its lower triangle, the factors in its upper one) where
+    `sigma_min_sq_lower_streamed` needs about seven and a second pass.
 
     ``blocks()``, ``on_block``: as in `sigma_min_sq_lower_streamed` (one pass here). The pass
-    accumulates ``Gm = fl(Am^T Am)`` (`_gram_upper_grouped`: BLAS syrk by groups of about
+    accumulates ``Gm = fl(Am^T Am)`` (`_gram_lower_grouped`: BLAS syrk by groups of about
     ``group_rows`` rows, the groups' sums added) and upper bounds ``a^2 >= ||Am||_F^2`` and ``r^2 >=
     ||Ar||_F^2``. For every member ``M = Am + D``, ``|D| <= Ar``: ``M^T M = Am^T Am + Am^T D + D^T Am +
     D^T D`` and ``|Gm - Am^T Am| <= gamma |Am|^T |Am|`` entrywise (gamma from the rows in a group and
-    the number of groups, see `_gram_upper_grouped`), so by Weyl ``lambda_min(M^T M) >=
+    the number of groups, see `_gram_lower_grouped`), so by Weyl ``lambda_min(M^T M) >=
     lambda_min(Gm) - (gamma a^2 + 2 a r + r^2)``, using ``|| |Am|^T |Am| ||_2 = || |Am| ||_2^2 <=
     ||Am||_F^2`` and ``||D||_2 <= ||Ar||_F``. Then ``lambda_min(Gm) >= t - c`` is proved by
     `lambda_min_at_least`'s shifted Cholesky, with ``t`` a fraction (``shifts``, tried in turn) of an
@@ -850,16 +910,16 @@ def sigma_min_sq_lower_cholesky(blocks, k: int, on_block=None, shifts=GRAM_SHIFT
 
     if not (k + 1) * midrad.U < 0.01:
         raise ValueError(f"inner dimension {k} too large for the a-priori rounding bound")
-    G, R, stats = _gram_upper_grouped(blocks, k, on_block, group_rows)
+    S, g_diag, stats = _gram_lower_grouped(blocks, k, on_block, group_rows)
     a_sq, r_sq = stats["a_sq"], stats["r_sq"]
     rounding = float((flint.arb(stats["gamma"]) * a_sq + 2 * (a_sq * r_sq).sqrt() + r_sq).upper())
     info = {"sigma_from": "cholesky", "gram_rounding": rounding, "gram_frobenius_sq": float(a_sq.upper()),
             "gram_groups": stats["groups"], "gram_group_max_rows": stats["group_max_rows"]}
-    if not math.isfinite(float(G.sum())):  # (a NaN or inf propagates; an overflowing sum only refuses)
+    if not _gram_lower_is_finite(S, g_diag):
         info["cholesky"] = "the midpoint Gram matrix is not finite"
         return -math.inf, info
-    np.copyto(R, G)  # (R: the groups' work array, reused)
-    _, fail = scipy.linalg.lapack.dpotrf(R, lower=0, overwrite_a=1, clean=0)
+    # Gm's own factor in S's upper triangle (dpotrf with lower=0 reads and writes nothing else)
+    R, fail = scipy.linalg.lapack.dpotrf(_mirror_gram(S, g_diag), lower=0, overwrite_a=1, clean=0)
     if fail != 0:
         info["cholesky"] = "the midpoint Gram matrix is not positive definite in float64"
         return -math.inf, info
@@ -868,9 +928,10 @@ def sigma_min_sq_lower_cholesky(blocks, k: int, on_block=None, shifts=GRAM_SHIFT
     for steps in range(1, GRAM_INVERSE_ITERATIONS + 1):
         y = scipy.linalg.lapack.dpotrs(R, y, lower=0)[0]
         y /= np.linalg.norm(y)
-        previous, estimate = estimate, float(y @ scipy.linalg.blas.dsymv(1.0, G, y, lower=0))
+        previous, estimate = estimate, _gram_rayleigh(S, g_diag, y)
         if abs(previous - estimate) <= 1e-3 * estimate:
             break
+    del R
     info.update({"gram_lambda_estimate": estimate, "inverse_iterations": steps})
     if not (math.isfinite(estimate) and estimate > rounding):
         info["cholesky"] = (f"the estimated lambda_min of the Gram matrix ({estimate:.3e}) is not above its "
@@ -878,8 +939,7 @@ def sigma_min_sq_lower_cholesky(blocks, k: int, on_block=None, shifts=GRAM_SHIFT
         return -math.inf, info
     for f in shifts:
         t = f * estimate
-        np.copyto(R, G)
-        lam = _lambda_min_at_least_in_place(R, t)
+        lam = _lambda_min_at_least_in_place(_mirror_gram(S, g_diag), t)
         if lam is None:
             continue
         s2 = float((flint.arb(lam) - flint.arb(rounding)).lower())
@@ -898,7 +958,7 @@ def jacobian_streaming_plan(problem, k: int, budget: float) -> tuple[int | None,
     """How `jacobian_slice_bounds` holds ``J P`` (``H n^2`` rows, k columns) in ``budget`` bytes:
     ``(None, bytes)`` whole (about 12 arrays of its size: measured 10 at (32, 64)), or
     ``(rows_per_block, bytes)`` streamed by blocks of attention rows (a block of about
-    ``JACOBIAN_BLOCK_BYTES``, the (dn, k) basis P the caller holds, and the two (k, k) arrays of
+    ``JACOBIAN_BLOCK_BYTES``, the (dn, k) basis P the caller holds, and the one (k, k) array of
     `sigma_min_sq_lower_cholesky`), or ``(0, bytes)`` when neither fits (the streamed need).
     Whether the streamed path may fall back to `sigma_min_sq_lower_streamed` (about seven (k, k)
     arrays) is `jacobian_sigma_method`'s answer."""
@@ -907,7 +967,7 @@ def jacobian_streaming_plan(problem, k: int, budget: float) -> tuple[int | None,
     if whole <= budget:
         return None, float(whole)
     rows = max(1, min(n, JACOBIAN_BLOCK_BYTES // (12 * 8 * n * k)))
-    streamed = _streamed_bytes(problem, k, rows, 2)
+    streamed = _streamed_bytes(problem, k, rows, 1)
     return (rows if streamed <= budget else 0), streamed
 
 
@@ -948,7 +1008,7 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_bloc
     ``J P`` once (the whole as one block when it is held), for an independent check.
 
     ``sigma`` (streamed only; the whole path keeps `sigma_min_sq_lower`): ``"cholesky"``
-    (`sigma_min_sq_lower_cholesky`: one pass, two (k, k) arrays), ``"eigh"``
+    (`sigma_min_sq_lower_cholesky`: one pass, one (k, k) array), ``"eigh"``
     (`sigma_min_sq_lower_streamed`: two passes and ``eigh``, about seven), or ``"auto"``: the Cholesky
     bound, and the eigenvector one where that is below ``CHOLESKY_ACCEPT`` times its estimate of
     ``lambda_min(Gm)``, an upper bound on the eigenvector bound up to rounding (an ill-conditioned

@@ -41,8 +41,8 @@ in float64 midpoint-radius arithmetic with a-priori rounding bounds
 dn = 2048. Where ``J P`` does not fit the memory budget whole (one head (64, 128): 1 GiB a copy,
 about 12.8 GB for the whole path) it is streamed by blocks of attention rows and never held
 (:func:`proofs_check.rigorous.jacobian_streaming_plan`; ``constants["rows_per_block"]``), and
-``sigma_min(J P)^2`` is bounded by shifted Cholesky factorisations of its Gram matrix (one pass, two
-(k, k) arrays), with the eigenvector bound as the fallback where that fits
+``sigma_min(J P)^2`` is bounded by shifted Cholesky factorisations of its Gram matrix (one pass, one
+(k, k) array), with the eigenvector bound as the fallback where that fits
 (:func:`proofs_check.rigorous.jacobian_sigma_method`; ``constants["sigma_from"]``).
 
 The numbers are float64 evaluations with stated rounding margins

@@ -457,8 +457,8 @@ def test_slice_hessian_from_hvp_blocks_is_the_dense_one(monkeypatch):
     assert below.any() and np.array_equal(blocked[below], blocked.T[below])
 
 
-def test_streaming_plan_counts_two_gram_arrays_and_the_eigh_fallback_seven():
-    """The streamed need is a block, P and two (k, k) arrays (the Cholesky bound); the eigenvector
+def test_streaming_plan_counts_one_gram_array_and_the_eigh_fallback_seven():
+    """The streamed need is a block, P and one (k, k) array (the Cholesky bound); the eigenvector
     fallback is allowed only where its seven (k, k) arrays fit too. One head (64, 256), k = 16352,
     under 8 GiB: streamed, Cholesky only (the case that had no certificate)."""
     import proofs_check.rigorous as rig
@@ -468,7 +468,7 @@ def test_streaming_plan_counts_two_gram_arrays_and_the_eigh_fallback_seven():
     rows, need = rig.jacobian_streaming_plan(problem, k, 8 * gib)
     per_row = 12 * 8 * 256 * k
     assert rows == max(1, rig.JACOBIAN_BLOCK_BYTES // per_row) == 2
-    assert need == rows * per_row + 8 * 64 * 256 * k + 2 * 8 * k * k and need < 8 * gib
+    assert need == rows * per_row + 8 * 64 * 256 * k + 8 * k * k and need < 8 * gib
     assert rig.jacobian_sigma_method(problem, k, rows, 8 * gib) == "cholesky"
     assert rig.jacobian_sigma_method(problem, k, rows, 32 * gib) == "auto"
     assert rig.jacobian_sigma_method(problem, k, None, 1.0) == "auto"  # whole: sigma_min_sq_lower's own fallback
@@ -689,19 +689,25 @@ def _sigma_min_sq_exact(M) -> float:
 
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(8, 40), k=st.integers(1, 8), decades=st.integers(0, 5),
        radius=st.sampled_from([0.0, 1e-14, 1e-9]), cuts=st.lists(st.integers(1, 39), max_size=3),
-       group_rows=st.integers(1, 48))
-def test_cholesky_sigma_bound_never_exceeds_the_exact_value(seed, m, k, decades, radius, cuts, group_rows):
+       group_rows=st.integers(1, 48), panel=st.integers(1, 9))
+def test_cholesky_sigma_bound_never_exceeds_the_exact_value(seed, m, k, decades, radius, cuts, group_rows, panel):
     """Tall matrices with singular values over ``decades`` decades, balls of several radii, cut into
-    row blocks anyhow and summed in groups of any size: the Gram-Cholesky bound is below
-    sigma_min^2 (40 digits) of the midpoint and of a random member, or it refuses (-inf, with a
-    reason); and it is within 15% where the rounding terms are far below sigma_min^2."""
+    row blocks anyhow, summed in groups of any size and mirrored by tiles of any width: the
+    Gram-Cholesky bound is below sigma_min^2 (40 digits) of the midpoint and of a random member, or
+    it refuses (-inf, with a reason); and it is within 15% where the rounding terms are far below
+    sigma_min^2."""
+    from unittest import mock
+
+    import proofs_check.rigorous as rigorous
+
     rng = np.random.default_rng(seed)
     k = min(k, m)
     U_, _ = np.linalg.qr(rng.standard_normal((m, k)))
     V_, _ = np.linalg.qr(rng.standard_normal((k, k)))
     M = (U_ * np.logspace(0, -decades, k)) @ V_.T
     ball = (M, np.full_like(M, radius) if radius else None)
-    lo, info = sigma_min_sq_lower_cholesky(_blocks(ball, cuts), k, group_rows=group_rows)
+    with mock.patch.object(rigorous, "GRAM_PANEL", panel):
+        lo, info = sigma_min_sq_lower_cholesky(_blocks(ball, cuts), k, group_rows=group_rows)
     member = M + radius * rng.uniform(-1, 1, size=M.shape)
     true = min(_sigma_min_sq_exact(M), _sigma_min_sq_exact(member))
     assert lo <= true, (lo, true, info)
@@ -714,19 +720,20 @@ def test_cholesky_sigma_bound_never_exceeds_the_exact_value(seed, m, k, decades,
 
 @pytest.mark.parametrize("group_rows", [1, 5, 64])
 def test_grouped_gram_rounding_holds_against_exact_products(group_rows):
-    """`_gram_upper_grouped`'s rounding factor against the exact Gram matrix (rational arithmetic):
+    """`_gram_lower_grouped`'s rounding factor against the exact Gram matrix (rational arithmetic):
     rows of magnitudes over 16 decades with cancelling signs, so the float sums lose most of their
-    digits; every entry of the upper triangle stays within ``gamma |A|^T |A|``, and the error is
-    not zero (the check has rounding to catch)."""
+    digits; every entry (its strict lower triangle and diagonal) stays within ``gamma |A|^T |A|``,
+    and the error is not zero (the check has rounding to catch)."""
     from fractions import Fraction
 
-    from proofs_check.rigorous import _gram_upper_grouped
+    from proofs_check.rigorous import _gram_lower_grouped
 
     rng = np.random.default_rng(7)
     m, k = 60, 5
     A = rng.standard_normal((m, k)) * 10.0 ** rng.integers(-8, 8, size=(m, 1))
     A[1::2] = A[::2] * (np.array([1.0, -1.0, 1.0, -1.0, 1.0]) * (1 + 2.0**-40))  # pairs whose products nearly cancel in G[i, j], i + j odd
-    G, _, stats = _gram_upper_grouped(_blocks((A, None), [7, 19, 33, 50]), k, group_rows=group_rows)
+    S, g_diag, stats = _gram_lower_grouped(_blocks((A, None), [7, 19, 33, 50]), k, group_rows=group_rows)
+    G = np.tril(S, -1).T + np.diag(g_diag)  # its upper triangle, from what the lower one holds
     assert stats["m"] == m and stats["group_max_rows"] >= min(group_rows, 7)
     F = [[Fraction(float(x)) for x in row] for row in A]
     worst_err, worst_ratio = 0.0, 0.0
@@ -739,18 +746,52 @@ def test_grouped_gram_rounding_holds_against_exact_products(group_rows):
             worst_err = max(worst_err, float(err))
             worst_ratio = max(worst_ratio, float(err / scale))
     assert worst_err > 0
-    assert np.all(np.tril(G, -1) == 0)  # the strict lower triangle is never written
+
+
+@pytest.mark.parametrize("panel", [1, 3, 4, 256])
+def test_one_array_gram_matrix_is_the_same_for_any_panel_and_mirrors_exactly(monkeypatch, panel):
+    """The Gram matrix and its work area share one array, moved by (GRAM_PANEL, GRAM_PANEL) tiles:
+    at any tile width (1, uneven 3 of k = 10, even 4, one tile) the sums agree with the groups'
+    products added in a separate array (to rounding: gemm there, syrk here) and are bit-identical to
+    those of one tile; `_mirror_gram` makes the array exactly symmetric with that diagonal and leaves
+    the lower triangle as it was; `_gram_rayleigh` is ``y^T G y``; and the bound does not depend on
+    the tile width."""
+    import proofs_check.rigorous as rigorous
+
+    monkeypatch.setattr(rigorous, "GRAM_PANEL", panel)
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((90, 10)) * np.logspace(0, -3, 10)
+    cuts = [30, 60]  # three blocks, one group each (group_rows 30)
+    S, g_diag, stats = rigorous._gram_lower_grouped(_blocks((A, None), cuts), 10, group_rows=30)
+    assert stats["groups"] == 3
+    separate = np.zeros((10, 10))
+    for a in (0, 30, 60):
+        separate += np.tril(A[a:a + 30].T @ A[a:a + 30])  # (syrk and gemm: equal up to their own order)
+    G = np.tril(S, -1) + np.diag(g_diag)
+    assert np.allclose(G, separate, rtol=1e-14, atol=0)
+    lower = np.tril(S, -1).copy()
+    M = rigorous._mirror_gram(S, g_diag)
+    assert M is S and np.array_equal(np.tril(S, -1), lower)
+    assert np.array_equal(S, S.T) and np.array_equal(np.diag(S), g_diag)
+    full = lower + lower.T + np.diag(g_diag)
+    y = rng.standard_normal(10)
+    assert abs(rigorous._gram_rayleigh(S, g_diag, y) - y @ full @ y) <= 1e-14 * abs(y @ full @ y)
+    lo, _ = sigma_min_sq_lower_cholesky(_blocks((A, None), cuts), 10, group_rows=30)
+    monkeypatch.setattr(rigorous, "GRAM_PANEL", 256)
+    S1, g1, _ = rigorous._gram_lower_grouped(_blocks((A, None), cuts), 10, group_rows=30)
+    assert np.array_equal(np.tril(S1, -1), lower) and np.array_equal(g1, g_diag)
+    assert sigma_min_sq_lower_cholesky(_blocks((A, None), cuts), 10, group_rows=30)[0] == lo
 
 
 def test_grouped_gram_rounding_is_smaller_than_one_sum():
     """The point of the groups: at 8192 rows in blocks of 256, groups of 1024 rows give a rounding
     factor of about (1024 + 8) u where one syrk over every row gives 8192 u."""
-    from proofs_check.rigorous import _gram_upper_grouped
+    from proofs_check.rigorous import _gram_lower_grouped
 
     A = np.random.default_rng(3).standard_normal((8192, 4))
     cuts = list(range(256, 8192, 256))
-    one = _gram_upper_grouped(_blocks((A, None), cuts), 4, group_rows=8192)[2]
-    grouped = _gram_upper_grouped(_blocks((A, None), cuts), 4, group_rows=1024)[2]
+    one = _gram_lower_grouped(_blocks((A, None), cuts), 4, group_rows=8192)[2]
+    grouped = _gram_lower_grouped(_blocks((A, None), cuts), 4, group_rows=1024)[2]
     assert (one["groups"], grouped["groups"], grouped["group_max_rows"]) == (1, 8, 1024)
     assert grouped["gamma"] < 0.13 * one["gamma"]
     assert one["gamma"] >= 8192 * 2.0**-53  # gamma_m, m the rows
