@@ -773,6 +773,13 @@ def test_one_array_gram_matrix_is_the_same_for_any_panel_and_mirrors_exactly(mon
     M = rigorous._mirror_gram(S, g_diag)
     assert M is S and np.array_equal(np.tril(S, -1), lower)
     assert np.array_equal(S, S.T) and np.array_equal(np.diag(S), g_diag)
+    # the factorisations run in place on the upper triangle and leave the Gram matrix below it
+    import scipy.linalg.lapack
+
+    R, fail = scipy.linalg.lapack.dpotrf(S, lower=0, overwrite_a=1, clean=0)
+    assert fail == 0 and np.shares_memory(R, S) and np.array_equal(np.tril(S, -1), lower)
+    assert rigorous._lambda_min_at_least_in_place(rigorous._mirror_gram(S, g_diag), 1e-9) is not None
+    assert np.array_equal(np.tril(S, -1), lower)
     full = lower + lower.T + np.diag(g_diag)
     y = rng.standard_normal(10)
     assert abs(rigorous._gram_rayleigh(S, g_diag, y) - y @ full @ y) <= 1e-14 * abs(y @ full @ y)
