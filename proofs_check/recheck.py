@@ -28,7 +28,7 @@ import numpy as np
 import sympy as sp
 
 from derivations.lemmas import SYMBOLS, lemma
-from solver.certificate import POLISH_MAX_REL, Certificate, array_digest
+from solver.certificate import POLISH_MAX_REL, Certificate, array_digest, complement_basis
 from solver.errors import CertificateMismatchError, MemoryBudgetError
 from solver.problem import ATTENTION, Problem
 from solver.rounding import hessian_allowance, inf_norm, symmetrise
@@ -362,7 +362,7 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
     # this recheck's own orbit basis and slice complement
     T = sym.orbit_tangent(X)
     if T.shape[1]:
-        P = np.ascontiguousarray(np.linalg.qr(T, mode="complete")[0][:, T.shape[1]:])  # (see slice_basis)
+        P = complement_basis(T)  # T's complete Householder QR, without the (dn, dn) Q (see slice_basis)
     else:
         P = np.eye(d * n)
     loss, args = _loss_and_args(problem)

@@ -457,10 +457,40 @@ def slice_basis(problem: Problem, X, sym) -> np.ndarray:
     if T is None:
         return np.eye(dn)
     # the last dn - k columns of T's complete (Householder) QR: O((dn)^2 k), where an SVD of
-    # I - T T^T costs O((dn)^3) (9.6 s against 0.2 s at dn = 2048, k = 12); contiguous, so that
-    # the interval-Jacobian bound reshapes it without a copy (2 GiB at one head (64, 256))
-    Q = np.linalg.qr(T, mode="complete")[0]
-    return np.ascontiguousarray(Q[:, T.shape[1]:])
+    # I - T T^T costs O((dn)^3) (9.6 s against 0.2 s at dn = 2048, k = 12)
+    return complement_basis(T)
+
+
+def complement_basis(T: np.ndarray) -> np.ndarray:
+    """The last ``dn - t`` columns of the complete Householder QR of ``T`` (dn, t), an orthonormal
+    basis of the orthogonal complement of its columns, C-contiguous (the interval-Jacobian bound
+    reshapes it without a copy), and formed without the (dn, dn) Q: ``P^T = [0 | I] Q^T``, the t
+    reflectors of ``T``'s QR applied from the right to the last ``dn - t`` rows of the identity
+    (LAPACK dgeqrf, dormqr), which is P^T in Fortran order and P in C order. The same reflectors as
+    ``np.linalg.qr(T, "complete")[0][:, t:]``, which held Q and then copied P out of it: twice the
+    memory (4.3 GB against 2.1 GB at one head (64, 256), where it was `recheck`'s peak)."""
+    import scipy.linalg.lapack as lapack
+
+    T = np.asarray(T, np.float64)
+    if T.ndim != 2 or T.shape[1] > T.shape[0] or not np.all(np.isfinite(T)):
+        raise ValueError(f"complement_basis needs a finite (dn, t) array with t <= dn, got shape {T.shape}")
+    dn, t = T.shape
+    k = dn - t
+    if t == 0:
+        return np.eye(dn)
+    if k == 0:
+        return np.zeros((dn, 0))
+    reflectors, tau, _, info = lapack.dgeqrf(np.asfortranarray(T))
+    if info != 0:
+        raise ValueError(f"dgeqrf failed (info {info})")
+    C = np.zeros((k, dn), order="F")
+    C[np.arange(k), t + np.arange(k)] = 1.0
+    # (the workspace query too passes overwrite_c: without it f2py copies C, 2 GiB at (64, 256))
+    lwork = int(lapack.dormqr("R", "T", reflectors, tau, C, lwork=-1, overwrite_c=1)[1][0])
+    PT, _, info = lapack.dormqr("R", "T", reflectors, tau, C, lwork=max(1, lwork), overwrite_c=1)
+    if info != 0:
+        raise ValueError(f"dormqr failed (info {info})")
+    return PT.T
 
 
 def _hvp_blocks(problem: Problem, X, count: int, directions):

@@ -268,3 +268,31 @@ def test_recover_moves_x_to_its_slice_polish_when_lm_stopped_short(monkeypatch):
     monkeypatch.setattr(recmod, "levenberg_marquardt", lambda problem, X, *a, **k: X)
     monkeypatch.setattr(certmod, "SLICE_RECENTRES", 0)  # and without the move, no certificate
     assert recover(problem, X_init=start, certify=False, validate=False, max_iter=60).status == "uncertified"
+
+
+@pytest.mark.parametrize("dn, t, rank", [(10, 3, 3), (33, 1, 1), (40, 7, 5), (6, 6, 6), (12, 0, 0)])
+def test_complement_basis_is_numpys_complete_qr_without_the_square_q(dn, t, rank):
+    """`complement_basis` (dgeqrf, then the reflectors applied to the identity's last rows by dormqr)
+    against ``np.linalg.qr(T, "complete")[0][:, t:]`` (dorgqr forms the whole Q): the same columns to a
+    few ulps, for full-rank and rank-deficient T, one column, no complement and no T; C-contiguous,
+    orthonormal, and orthogonal to T's columns where T has full rank."""
+    from solver.certificate import complement_basis
+
+    rng = np.random.default_rng(dn + t)
+    T = rng.standard_normal((dn, rank)) @ rng.standard_normal((rank, t)) if t else np.zeros((dn, 0))
+    P = complement_basis(T)
+    reference = np.linalg.qr(T, mode="complete")[0][:, t:] if t else np.eye(dn)
+    assert P.shape == (dn, dn - t) and P.flags["C_CONTIGUOUS"]
+    assert np.max(np.abs(P - reference), initial=0.0) <= 10 * dn * 2.0**-52
+    assert np.max(np.abs(P.T @ P - np.eye(dn - t)), initial=0.0) <= 10 * dn * 2.0**-52
+    if rank == t and t:
+        assert np.max(np.abs(T.T @ P), initial=0.0) <= 10 * dn * 2.0**-52 * np.abs(T).max()
+
+
+def test_complement_basis_refuses_what_is_not_a_finite_tall_array():
+    from solver.certificate import complement_basis
+
+    with pytest.raises(ValueError, match="finite"):
+        complement_basis(np.full((5, 2), np.nan))
+    with pytest.raises(ValueError, match="t <= dn"):
+        complement_basis(np.ones((2, 5)))
