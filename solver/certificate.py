@@ -468,7 +468,8 @@ def complement_basis(T: np.ndarray) -> np.ndarray:
     reflectors of ``T``'s QR applied from the right to the last ``dn - t`` rows of the identity
     (LAPACK dgeqrf, dormqr), which is P^T in Fortran order and P in C order. The same reflectors as
     ``np.linalg.qr(T, "complete")[0][:, t:]``, which held Q and then copied P out of it: twice the
-    memory (4.3 GB against 2.1 GB at one head (64, 256), where it was `recheck`'s peak)."""
+    memory (peak 4.2 GiB against 2.2 GiB at one head (64, 256), where it was `recheck`'s peak;
+    benchmarks/complement_basis_bench.py)."""
     import scipy.linalg.lapack as lapack
 
     T = np.asarray(T, np.float64)
