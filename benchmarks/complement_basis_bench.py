@@ -74,6 +74,8 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default="benchmarks/results/complement_basis_bench.json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.child:
         d, n, method, out = args.child.split(",")
         return child(int(d), int(n), method, out)
