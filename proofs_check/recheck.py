@@ -360,11 +360,8 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
     if np.linalg.norm(dX.sum(axis=0)) > POLISH_MAX_REL * max(1.0, float(np.linalg.norm(X))):
         raise CertificateMismatchError(f"dX is not a polish of X: ||dX|| = {np.linalg.norm(dX.sum(axis=0)):.3e}")
     # this recheck's own orbit basis and slice complement
-    T = sym.orbit_tangent(X)
-    if T.shape[1]:
-        P = complement_basis(T)  # T's complete Householder QR, without the (dn, dn) Q (see slice_basis)
-    else:
-        P = np.eye(d * n)
+    # the orbit tangent's complete Householder QR, without the (dn, dn) Q (the identity where t = 0)
+    P = complement_basis(sym.orbit_tangent(X))
     loss, args = _loss_and_args(problem)
     if cert.kind == "interval-jacobian":
         from solver.memory import GIB, host_budget

@@ -769,11 +769,16 @@ GRAM_PANEL = 256  # tile width when `_gram_lower_grouped` adds a group or `_mirr
 # (256, 256) tiles took half the CPU of (256, k) panels, measured at k = 8160)
 
 
+def _diagonal_tiles(k: int):
+    """Slices of the (GRAM_PANEL, GRAM_PANEL) tiles on the diagonal (the last one may be smaller)."""
+    for j0 in range(0, k, GRAM_PANEL):
+        yield slice(j0, min(k, j0 + GRAM_PANEL))
+
+
 def _below_diagonal_tiles(k: int):
     """``(rows, cols)`` slices of the (GRAM_PANEL, GRAM_PANEL) tiles strictly below the diagonal tiles."""
-    for j0 in range(0, k, GRAM_PANEL):
-        rows = slice(j0, min(k, j0 + GRAM_PANEL))
-        for i0 in range(0, j0, GRAM_PANEL):
+    for rows in _diagonal_tiles(k):
+        for i0 in range(0, rows.start, GRAM_PANEL):
             yield rows, slice(i0, i0 + GRAM_PANEL)
 
 
@@ -808,12 +813,11 @@ def _gram_lower_grouped(blocks, k: int, on_block=None, group_rows: int = GRAM_GR
         nonlocal in_group, groups, most
         for rows, cols in _below_diagonal_tiles(k):
             S[rows, cols] += S[cols, rows].T
-        for j0 in range(0, k, GRAM_PANEL):
-            j1 = min(k, j0 + GRAM_PANEL)
-            D = S[j0:j1, j0:j1]
-            low = np.tril_indices(j1 - j0, -1)
+        for tile in _diagonal_tiles(k):
+            D = S[tile, tile]
+            low = np.tril_indices(D.shape[0], -1)
             D[low] += D.T[low]
-            g_diag[j0:j1] += D.diagonal()
+            g_diag[tile] += D.diagonal()
         groups, most, in_group = groups + 1, max(most, in_group), 0
 
     for rows, blk in blocks():
@@ -849,23 +853,12 @@ def _mirror_gram(S: np.ndarray, g_diag: np.ndarray) -> np.ndarray:
     k = S.shape[0]
     for rows, cols in _below_diagonal_tiles(k):
         S[cols, rows] = S[rows, cols].T
-    for j0 in range(0, k, GRAM_PANEL):
-        j1 = min(k, j0 + GRAM_PANEL)
-        D = S[j0:j1, j0:j1]
-        up = np.triu_indices(j1 - j0, 1)
+    for tile in _diagonal_tiles(k):
+        D = S[tile, tile]
+        up = np.triu_indices(D.shape[0], 1)
         D[up] = D.T[up]
     S[np.diag_indices(k)] = g_diag
     return S
-
-
-def _gram_lower_is_finite(S: np.ndarray, g_diag: np.ndarray) -> bool:
-    """Whether the Gram matrix of `_gram_lower_grouped` is finite (by row panels: no (k, k) temporary)."""
-    k = S.shape[0]
-    total = float(np.sum(g_diag))
-    for j0 in range(0, k, GRAM_PANEL):
-        j1 = min(k, j0 + GRAM_PANEL)
-        total += float(np.sum(S[j0:j1, :j0])) + float(np.sum(np.tril(S[j0:j1, j0:j1], -1)))
-    return math.isfinite(total)  # (a NaN or inf propagates; an overflowing sum only refuses)
 
 
 def _gram_rayleigh(S: np.ndarray, g_diag: np.ndarray, y: np.ndarray) -> float:
@@ -915,11 +908,11 @@ def sigma_min_sq_lower_cholesky(blocks, k: int, on_block=None, shifts=GRAM_SHIFT
     rounding = float((flint.arb(stats["gamma"]) * a_sq + 2 * (a_sq * r_sq).sqrt() + r_sq).upper())
     info = {"sigma_from": "cholesky", "gram_rounding": rounding, "gram_frobenius_sq": float(a_sq.upper()),
             "gram_groups": stats["groups"], "gram_group_max_rows": stats["group_max_rows"]}
-    if not _gram_lower_is_finite(S, g_diag):
+    if not math.isfinite(float(_mirror_gram(S, g_diag).sum())):  # (a NaN or inf propagates; an overflow only refuses)
         info["cholesky"] = "the midpoint Gram matrix is not finite"
         return -math.inf, info
     # Gm's own factor in S's upper triangle (dpotrf with lower=0 reads and writes nothing else)
-    R, fail = scipy.linalg.lapack.dpotrf(_mirror_gram(S, g_diag), lower=0, overwrite_a=1, clean=0)
+    R, fail = scipy.linalg.lapack.dpotrf(S, lower=0, overwrite_a=1, clean=0)
     if fail != 0:
         info["cholesky"] = "the midpoint Gram matrix is not positive definite in float64"
         return -math.inf, info
