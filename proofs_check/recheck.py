@@ -345,6 +345,26 @@ def reference_slice_directions(problem: Problem, X: np.ndarray, P: np.ndarray) -
         for h in range(problem.heads)])
 
 
+def reference_gauss_newton_directions(problem: Problem, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(Z, J_ref^T J_ref Z)``: ``COMPARE_DIRECTIONS`` fixed Gaussian columns Z (dn, s) and the
+    reference attention maps' Gauss-Newton products (``jax.jvp``, then ``jax.vjp`` of that
+    derivative, summed over heads), (dn, s): what the rows of `gauss_newton_rows` times Z must hold."""
+    import jax.numpy as jnp
+
+    d, n = X.shape
+    Z = np.random.default_rng(0).standard_normal((d * n, COMPARE_DIRECTIONS))
+    V = jnp.asarray(Z.T.reshape(COMPARE_DIRECTIONS, d, n))
+    Xj = jnp.asarray(X)
+    out = np.zeros((COMPARE_DIRECTIONS, d * n))
+    for h in range(problem.heads):
+        def f(Y, h=h):
+            return ref.attention(Y, problem.W[h], problem.U[h])
+
+        _, pullback = jax.vjp(f, Xj)
+        out += np.asarray(jax.vmap(lambda v: pullback(jax.jvp(f, (Xj,), (v,))[1])[0])(V)).reshape(COMPARE_DIRECTIONS, -1)
+    return Z, out.T
+
+
 def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> dict:
     from .rigorous import gradient_enclosure, jacobian_slice_bounds, slice_bounds, slice_theorem
 
@@ -361,7 +381,8 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         raise CertificateMismatchError(f"dX is not a polish of X: ||dX|| = {np.linalg.norm(dX.sum(axis=0)):.3e}")
     # this recheck's own orbit basis and slice complement
     # the orbit tangent's complete Householder QR, without the (dn, dn) Q (the identity where t = 0)
-    P = complement_basis(sym.orbit_tangent(X))
+    tangent = sym.orbit_tangent(X)
+    P = complement_basis(tangent)
     loss, args = _loss_and_args(problem)
     if cert.kind == "interval-jacobian":
         from solver.memory import GIB, host_budget
@@ -374,11 +395,18 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         # of J_ref P was formed and compared (jax.jacfwd, then an (n^2 H, dn) x (dn, k) product) it took 45 s
         # and 1 GiB at one head (64, 128); a formula error moves (J P) z for almost every z, by about the same
         # relative amount as J P itself (random-sign sums on both sides of the 1e-8 slack)
-        Z, ref_JPZ = reference_slice_directions(problem, X, P)
-        diff_sq, rad_sq, ref_sq = 0.0, 0.0, 0.0
+        # (a lifted bound sees the rows of the Gauss-Newton matrix J^T J instead: they are compared the same way
+        # along random directions z of the whole space, with jax.vjp of jax.jvp)
+        used = c.get("sigma_from", "eigenvectors")
+        if used == "lifted":
+            Z, ref_JPZ = reference_gauss_newton_directions(problem, X)
+        else:
+            Z, ref_JPZ = reference_slice_directions(problem, X, P)
+        diff_sq, rad_sq, ref_sq, compared = 0.0, 0.0, 0.0, 0
 
         def compare(rows, ball):
-            nonlocal diff_sq, rad_sq, ref_sq
+            nonlocal diff_sq, rad_sq, ref_sq, compared
+            compared += ball[0].shape[0]
             mid, rad = midrad.matmul(ball, (Z, None))
             diff_sq += float(np.sum((mid - ref_JPZ[rows]) ** 2))
             rad_sq += midrad.norm_upper((rad, None)) ** 2
@@ -394,8 +422,9 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
             # since the other proves less on an ill-conditioned slice: one head (64, 128), seed 98, issued with the
             # eigenvector fallback (1.66e-10) was refused by a recheck whose budget allowed only the Cholesky bound
             # (3.77e-11 recomputed)
-            used = c.get("sigma_from", "eigenvectors")
-            if used == "cholesky":
+            if used == "lifted":
+                sigma = "lifted"
+            elif used == "cholesky":
                 sigma = "cholesky"
             elif used == "eigenvectors":
                 eigh_need = jacobian_eigh_bytes(problem, d * n, rows_per_block)
@@ -406,14 +435,20 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
                         f"{budget / GIB:.1f} GiB budget")
                 sigma = "eigh"
             else:
-                raise CertificateMismatchError(f"unknown sigma_from {used!r} (expected 'cholesky' or 'eigenvectors')")
-        b = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=rows_per_block, on_block=compare, sigma=sigma)
+                raise CertificateMismatchError(
+                    f"unknown sigma_from {used!r} (expected 'lifted', 'cholesky' or 'eigenvectors')")
+        elif used == "lifted":
+            sigma = "lifted"  # (it holds no J P, whole or streamed)
+        b = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=rows_per_block, on_block=compare, sigma=sigma,
+                                  tangent=tangent if sigma == "lifted" else None)
         b.pop("jacobian_mid", None)
         scale = max(1.0, math.sqrt(ref_sq))
+        what = ("the ball Gauss-Newton matrix along {} random directions differs from jax.vjp of jax.jvp" if used == "lifted"
+                else "the ball Jacobian along {} random slice directions differs from jax.jvp").format(COMPARE_DIRECTIONS)
+        if compared != ref_JPZ.shape[0]:
+            raise CertificateMismatchError(f"{compared} rows were compared with the reference, of {ref_JPZ.shape[0]}")
         if math.sqrt(diff_sq) > math.sqrt(rad_sq) * (1 + 1e-12) + 1e-8 * scale:
-            raise CertificateMismatchError(
-                f"the ball Jacobian along {COMPARE_DIRECTIONS} random slice directions differs from jax.jvp of the "
-                f"reference by {math.sqrt(diff_sq):.3e}")
+            raise CertificateMismatchError(f"{what} of the reference by {math.sqrt(diff_sq):.3e}")
     else:
         b = slice_bounds(problem, X, dX, P, box)
         Hb = b.pop("hessian_mid")

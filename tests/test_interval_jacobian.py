@@ -392,13 +392,25 @@ def test_a_streamed_certificate_is_issued_and_rechecked_whole_and_streamed(force
     cert, why = slice_certificate(problem, X, sym, None, iterations=0)
     assert cert is not None, why
     assert cert.constants["rows_per_block"] == 3 and "jacobian_mid" not in cert.constants
-    assert cert.constants["sigma_from"] == "cholesky"  # where need holds only the Cholesky bound's two (k, k)
-    assert recheck(cert, problem, X)["kind"] == "interval-jacobian"  # whole: the host budget holds it
+    assert cert.constants["sigma_from"] == "lifted"  # streamed: the lifted Gauss-Newton bound first
+    # and where it is refused, the Cholesky bound (where need holds only its one (k, k) array)
+    lifted = rig.sigma_min_sq_lower_lifted
+    monkeypatch.setattr(rig, "sigma_min_sq_lower_lifted",
+                        lambda *a, **k: (-np.inf, {**lifted(*a, **k)[1], "cholesky": "refused for the test"}))
+    chol, why = slice_certificate(problem, X, sym, None, iterations=0)
+    assert chol is not None, why
+    assert chol.constants["sigma_from"] == "cholesky" and chol.constants["lifted"] == "refused for the test"
+    monkeypatch.setattr(rig, "sigma_min_sq_lower_lifted", lifted)
+    for c in (cert, chol):
+        assert recheck(c, problem, X)["kind"] == "interval-jacobian"  # whole: the host budget holds it
     monkeypatch.setattr(rig, "jacobian_streaming_plan", lambda problem, k, budget: (3, 0.0))
-    assert recheck(cert, problem, X)["kind"] == "interval-jacobian"
+    for c in (cert, chol):
+        assert recheck(c, problem, X)["kind"] == "interval-jacobian"
     # a relative 1e-7 on the reference maps (the comparison's slack is 1e-8)
     monkeypatch.setattr(ref, "attention", lambda X, W, u: (1 + 1e-7) * jax.nn.softmax(ref.logits(X, W, u), axis=-1))
     with pytest.raises(CertificateMismatchError, match="differs from jax.jvp"):
+        recheck(chol, problem, X)
+    with pytest.raises(CertificateMismatchError, match="Gauss-Newton matrix .* differs from jax.vjp of jax.jvp"):
         recheck(cert, problem, X)
 
 
@@ -832,3 +844,129 @@ def test_cholesky_sigma_bound_covers_the_worst_member_of_a_wide_ball():
 def test_cholesky_sigma_bound_refuses_with_a_reason(M, why):
     lo, info = sigma_min_sq_lower_cholesky(_blocks((M, None), [2]), M.shape[1])
     assert lo == -np.inf and why in info["cholesky"], info
+
+
+def _gauss_newton_ball(problem, X, box=0.0, dX=None):
+    from proofs_check.rigorous import _jacobian_slice_setup, gauss_newton_rows
+
+    d, n = X.shape
+    heads, _, _ = _jacobian_slice_setup(problem, X, np.zeros((2, d, n)) if dX is None else dX, None, box)
+    Hm, Hr = np.full((d * n, d * n), np.nan), np.full((d * n, d * n), np.nan)
+    seen = np.zeros(d * n, int)
+    for rows, (m, r) in gauss_newton_rows(heads, d, n):
+        Hm[rows], Hr[rows] = m, r
+        seen[rows] += 1
+    assert np.all(seen == 1)  # every row of J^T J once
+    return Hm, Hr
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_gauss_newton_rows_contain_the_high_precision_gauss_newton_matrix(heads):
+    """The closed form of J^T J (`gauss_newton_rows`: four terms per head, no J) against J^T J from
+    200-bit arb central differences, off the fit and with a bias u: every entry inside its ball, and the
+    balls at the float64 rounding level."""
+    problem, X_true = planted_instance(3, 5, heads=heads, seed=2)
+    rng = np.random.default_rng(1)
+    X = np.asarray(X_true) + 0.3 * rng.standard_normal(X_true.shape)
+    problem = replace(problem, U=rng.standard_normal(problem.U.shape))
+    dn = X.size
+    Hm, Hr = _gauss_newton_ball(problem, X)
+    J = _arb_jp(problem, X, np.eye(dn))
+    old = flint.ctx.prec
+    flint.ctx.prec = 200
+    try:
+        G = J.T @ J
+        assert all(abs(G[i, j] - flint.arb(float(Hm[i, j]))).upper() <= float(Hr[i, j]) + 1e-40
+                   for i in range(dn) for j in range(dn))
+    finally:
+        flint.ctx.prec = old
+    assert np.max(Hr) <= 1e-13 * np.max(np.abs(Hm))
+
+
+def test_gauss_newton_rows_cover_every_member_of_a_box():
+    """On a box of half-width 1e-5 around X + dX, J(Y)^T J(Y) of corners and random members Y (jax.jacfwd
+    of the reference, float64: its own rounding is far below the box's effect) lies in the balls, and
+    the balls are not vacuous."""
+    problem, X_true = planted_instance(3, 6, heads=2, seed=4)
+    X = np.asarray(X_true)
+    d, n = X.shape
+    box = 1e-5
+    rng = np.random.default_rng(0)
+    dX = np.stack([1e-6 * rng.standard_normal(X.shape), np.zeros(X.shape)])
+    Hm, Hr = _gauss_newton_ball(problem, X, box, dX)
+    scale = np.max(np.abs(Hm))
+    assert 1e-9 * scale < np.max(Hr) <= 1e-2 * scale  # the box shows, and is not everything
+    for kind in range(6):
+        E = rng.choice([-1.0, 1.0], size=X.shape) if kind < 3 else rng.uniform(-1, 1, size=X.shape)
+        Y = X + dX[0] + box * E
+        J = np.concatenate([np.asarray(jax.jacfwd(ref.attention)(Y, problem.W[h], problem.U[h])).reshape(n * n, d * n)
+                            for h in range(problem.heads)])
+        assert np.all(np.abs(J.T @ J - Hm) <= Hr + 1e-13 * scale)
+
+
+def _exact_sigma_sq(problem, X, P):
+    import mpmath
+
+    J = _arb_jp(problem, X, P)
+    with mpmath.workdps(40):
+        M = mpmath.matrix([[mpmath.mpf(float(v.mid())) for v in row] for row in J])  # arb rounding ~1e-60: far below
+        return float(min(mpmath.svd_r(M, compute_uv=False)) ** 2)
+
+
+@settings(max_examples=12)
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(2, 3), extra=st.integers(1, 3), heads=st.integers(1, 2),
+       exact_fit=st.booleans(), tangent_kind=st.sampled_from(["orbit", "random", "none"]),
+       box=st.sampled_from([0.0, 1e-10, 1e-6]))
+def test_lifted_sigma_bound_never_exceeds_the_exact_value(seed, d, extra, heads, exact_fit, tangent_kind, box):
+    """Small instances at and off the fit, with the orbit tangent, a random "tangent" (any matrix gives a
+    valid bound: the lift only decides how tight) or none, and boxes of several widths: the lifted
+    bound is below the exact sigma_min(J(Y) P)^2 (40 digits) at the box's centre and at a random corner, or it
+    refuses (-inf, with a reason)."""
+    from proofs_check.rigorous import _jacobian_slice_setup, gauss_newton_rows, sigma_min_sq_lower_lifted
+    from solver.certificate import complement_basis
+
+    n = d + extra
+    problem, X_true = planted_instance(d, n, heads=heads, seed=seed % 1000)
+    rng = np.random.default_rng(seed)
+    X = np.asarray(X_true) if exact_fit else np.asarray(X_true) + 0.2 * rng.standard_normal(X_true.shape)
+    dn = d * n
+    if tangent_kind == "orbit":
+        T = symmetries(problem).orbit_tangent(X)
+    elif tangent_kind == "random":
+        T = rng.standard_normal((dn, int(rng.integers(1, 3))))
+    else:
+        T = np.zeros((dn, 0))
+    P = complement_basis(T)
+    heads_b, _, _ = _jacobian_slice_setup(problem, X, np.zeros((2, d, n)), P, box)
+    lo, info = sigma_min_sq_lower_lifted(lambda: gauss_newton_rows(heads_b, d, n), P, T, midrad.orthonormality_defect(P))
+    if lo == -np.inf:
+        assert info["cholesky"], info
+        return
+    Y = X + box * rng.choice([-1.0, 1.0], size=X.shape)
+    true = min(_exact_sigma_sq(problem, X, P), _exact_sigma_sq(problem, Y, P))
+    assert 0 < lo <= true, (lo, true, info)
+
+
+def test_lifted_bound_is_the_cholesky_bound_to_a_few_percent(forced):
+    """On the (8, 16) one-head certificate's box: the lifted bound (J^T J with the orbit lifted, no J P)
+    and the Gram-Cholesky bound (J P's Gram matrix) are both shifted Cholesky proofs at 0.95 of an
+    estimate, so they agree to a few percent, and both are below the whole path's eigenvector bound."""
+    problem, _, X, sym, cert, _ = forced
+    P = slice_basis(problem, X, sym)
+    dX = np.asarray(cert.constants["dX"]).reshape(-1, *X.shape)
+    box = cert.constants["box_radius"]
+    whole = jacobian_slice_bounds(problem, X, dX, P, box)
+    chol = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=3, sigma="cholesky")
+    rows = []
+    lifted = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=3, sigma="lifted",
+                                   tangent=sym.orbit_tangent(X), on_block=lambda r, ball: rows.append(r))
+    assert lifted["sigma_from"] == "lifted" and "jacobian_rad_norm" not in lifted
+    assert [r.start for r in rows] == list(range(0, X.size, problem.n))  # every row of J^T J, n at a time
+    assert 0.85 * whole["l_lower"] <= lifted["l_lower"] <= whole["l_lower"]
+    assert abs(lifted["l_lower"] - chol["l_lower"]) <= 0.05 * chol["l_lower"]
+    assert lifted["g_up"] == chol["g_up"] and lifted["s_P"] == chol["s_P"]
+    # the same held whole (rows_per_block None: the lifted bound holds no J P either way)
+    same = jacobian_slice_bounds(problem, X, dX, P, box, sigma="lifted", tangent=sym.orbit_tangent(X))
+    assert same["l_lower"] == lifted["l_lower"] and same["rows_per_block"] is None
+    with pytest.raises(ValueError, match="needs the orbit tangent"):
+        jacobian_slice_bounds(problem, X, dX, P, box, sigma="lifted")
