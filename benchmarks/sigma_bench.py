@@ -1,19 +1,20 @@
-"""The two streamed lower bounds on ``sigma_min(J P)^2`` of the interval-Jacobian certificate, side by
+"""The streamed lower bounds on ``sigma_min(J P)^2`` of the interval-Jacobian certificate, side by
 side: time, peak memory and the bound, each in a fresh process.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/sigma_bench.py [--sizes 32x64,64x128] [--seed 0]
-        [--methods eigh,cholesky] [--json benchmarks/results/sigma_bench.json]
+        [--methods eigh,cholesky,lifted] [--json benchmarks/results/sigma_bench.json]
 
 For each one-head planted instance (d, n): the slice basis P at the planted X (an exact fit), then
 ``proofs_check.rigorous.jacobian_slice_bounds`` streamed by the blocks `jacobian_streaming_plan`
 picks under the host budget (at least two blocks, so both methods stream), on the first box
 ``slice_certificate`` tries (half-width 1e-20 max(1, |X|_max)), with ``sigma="eigh"`` (two passes
 over ``J P``, ``eigh`` of the Gram matrix: about seven (k, k) arrays) and ``sigma="cholesky"`` (one
-pass, shifted Cholesky factorisations: one). Each (size, method) runs in its own child process, so
+pass, shifted Cholesky factorisations: one) and ``sigma="lifted"`` (no ``J P``: ``J^T J`` in closed form
+with the orbit tangent lifted, `sigma_min_sq_lower_lifted`; one (dn, dn) array). Each (size, method) runs in its own child process, so
 the peak RSS (``os.wait4``) is that method's, setup included (the same setup for both); the methods
 alternate within a size. The child keeps freed memory (`solver.memory.keep_freed_memory`), as
 `unmask` and recover_bench.py do. Prints seconds for the bound alone, wall seconds, peak GiB, the bound, and
-the ratios Cholesky over eigh; writes JSON. ``--skip-eigh-above K`` skips the eigh method above
+the ratios Cholesky over eigh and lifted over Cholesky; writes JSON. ``--skip-eigh-above K`` skips the eigh method above
 dn = K (one head (64, 256), k = 16352: its seven (k, k) arrays are about 15 GB).
 """
 
@@ -44,20 +45,22 @@ def child(d: int, n: int, seed: int, method: str, out: str) -> None:
     kept = keep_freed_memory()  # as `unmask` and recover_bench.py do
     problem, X = planted_instance(d, n, seed=seed, heads=1)
     X = np.asarray(X, np.float64)
-    P = slice_basis(problem, X, symmetries(problem))
+    sym = symmetries(problem)
+    P = slice_basis(problem, X, sym)
     k = P.shape[1]
     rows, need = jacobian_streaming_plan(problem, d * n, host_budget())
     if not rows:  # whole, or too large: stream anyway, in at least two blocks
         rows = max(1, n // 2)
     box = 1e-20 * max(1.0, float(np.abs(X).max()))
     t = time.perf_counter()
-    b = jacobian_slice_bounds(problem, X, np.zeros_like(X), P, box, rows_per_block=rows, sigma=method)
+    b = jacobian_slice_bounds(problem, X, np.zeros_like(X), P, box, rows_per_block=rows, sigma=method,
+                              tangent=sym.orbit_tangent(X) if method == "lifted" else None)
     seconds = time.perf_counter() - t
     row = {"d": d, "n": n, "seed": seed, "k": int(k), "method": method, "rows_per_block": int(rows),
            "bound_seconds": seconds, "sigma_min_sq_lower": b["sigma_min_sq_lower"], "l_lower": b["l_lower"],
            "sigma_from": b.get("sigma_from"), "gram_lambda_estimate": b.get("gram_lambda_estimate"),
            "gram_rounding": b.get("gram_rounding"), "cholesky": b.get("cholesky"),
-           "jacobian_rad_norm": b["jacobian_rad_norm"], "keep_freed_memory": kept}
+           "jacobian_rad_norm": b.get("jacobian_rad_norm"), "keep_freed_memory": kept}
     with open(out, "w") as f:
         json.dump(row, f)
 
@@ -98,8 +101,8 @@ def main(argv=None):
         child(int(d), int(n), int(seed), method, out)
         return
     methods = [m for m in args.methods.split(",") if m]
-    if not methods or any(m not in ("eigh", "cholesky") for m in methods) or args.seed < 0:
-        ap.error("--methods takes eigh and/or cholesky; --seed must be >= 0")
+    if not methods or any(m not in ("eigh", "cholesky", "lifted") for m in methods) or args.seed < 0:
+        ap.error("--methods takes eigh, cholesky and/or lifted; --seed must be >= 0")
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",") if s]
     rows, ratios = [], []
     print(f"{'(d, n)':>10} {'k':>6} {'method':>9} {'bound s':>8} {'wall s':>7} {'peak GiB':>8} {'sigma_min^2 >=':>15}",
@@ -116,13 +119,15 @@ def main(argv=None):
             got[method] = row
             print(f"{f'({d}, {n})':>10} {row['k']:>6} {method:>9} {row['bound_seconds']:>8.1f} "
                   f"{row['wall_seconds']:>7.1f} {row['peak_gib']:>8.2f} {row['sigma_min_sq_lower']:>15.4e}", flush=True)
-        if "eigh" in got and "cholesky" in got:
-            e, c = got["eigh"], got["cholesky"]
-            r = {"d": d, "n": n, "bound_seconds": c["bound_seconds"] / e["bound_seconds"],
-                 "peak": c["peak_gib"] / e["peak_gib"], "sigma_min_sq_lower": c["sigma_min_sq_lower"] / e["sigma_min_sq_lower"]}
-            ratios.append(r)
-            print(f"{f'({d}, {n})':>10} cholesky / eigh: bound time {r['bound_seconds']:.2f}, peak {r['peak']:.2f}, "
-                  f"bound {r['sigma_min_sq_lower']:.3f}", flush=True)
+        for top, bottom in (("cholesky", "eigh"), ("lifted", "cholesky")):
+            if top in got and bottom in got:
+                e, c = got[bottom], got[top]
+                r = {"d": d, "n": n, "ratio": f"{top} / {bottom}", "bound_seconds": c["bound_seconds"] / e["bound_seconds"],
+                     "peak": c["peak_gib"] / e["peak_gib"],
+                     "sigma_min_sq_lower": c["sigma_min_sq_lower"] / e["sigma_min_sq_lower"]}
+                ratios.append(r)
+                print(f"{f'({d}, {n})':>10} {top} / {bottom}: bound time {r['bound_seconds']:.2f}, peak {r['peak']:.2f}, "
+                      f"bound {r['sigma_min_sq_lower']:.3f}", flush=True)
         atomic_write_json(args.json, {"command": " ".join(["python", "benchmarks/sigma_bench.py", *sys.argv[1:]]),
                                       "threads": os.environ.get("OPENBLAS_NUM_THREADS", "as it comes"),
                                       "rows": rows, "ratios": ratios})
