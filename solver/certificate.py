@@ -47,7 +47,8 @@ about 12.8 GB for the whole path) it is streamed by blocks of attention rows and
 streamed path tries the lifted bound (``sigma_from`` ``"lifted"``,
 :func:`proofs_check.rigorous.sigma_min_sq_lower_lifted`): the Gauss-Newton matrix ``J^T J`` enclosed from
 its closed form, with the orbit directions lifted, and no ``J P`` at all (at one head (64, 256) 138 s
-where the Gram bound took about 800 s).
+where the Gram pass took about 750 s). The streamed path's polish and its estimate ``lambda_min`` come
+from the same lifted matrix in float64 (`_lifted_factor`), not from ``P^T H P`` by HVP blocks.
 
 The numbers are float64 evaluations with stated rounding margins
 (``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
@@ -575,9 +576,72 @@ def _slice_factor(Hs: np.ndarray) -> tuple[object | None, float, str]:
     return factor, lam, ""
 
 
+@dataclass(frozen=True)
+class _LiftedFactor:
+    """The upper Cholesky factor (`scipy.linalg.cho_solve` form) of `_lifted_factor`'s whole-space matrix."""
+    cho: tuple
+
+
+def _lifted_factor(problem: Problem, X, tangent) -> tuple[_LiftedFactor | None, float, str]:
+    """``(factor, lam, why)`` as `_slice_factor` gives for ``P^T H P``, for the streamed path, from the
+    float64 whole-space matrix ``M = J^T J + diag(Gamma^2) + Tc Tc^T`` at X instead: J^T J from
+    `proofs_check.rigorous.gauss_newton_rows` on point balls (float64 attention maps, no arb), the orbit
+    tangent lifted (``Tc = sqrt(c) Q_T``, c the mean diagonal). At an exact fit the Hessian is
+    ``J^T J + diag(Gamma^2)`` up to the residual-weighted term, and the orbit directions are (nearly) in
+    its kernel, so M's smallest eigenvalue is about the slice Hessian's: ``lam`` is its inverse-iteration
+    estimate, and `_slice_polish` steps by ``-M^-1 grad``. No P, no HVPs, one (dn, dn) array factorised in
+    place: at one head (64, 256) the slice Hessian from HVP blocks took about 265 s and its factorisation
+    and Lanczos about 60 s of a seed."""
+    import scipy.linalg.blas
+    import scipy.linalg.lapack
+
+    from proofs_check.rigorous import GRAM_INVERSE_ITERATIONS, gauss_newton_rows
+
+    X = np.asarray(X, np.float64)
+    d, n = X.shape
+    dn = d * n
+    heads = []
+    for h in range(problem.heads):
+        W, u = np.asarray(problem.W[h], np.float64), np.asarray(problem.U[h], np.float64)
+        S = X.T @ W @ X + (u @ X)[None, :]
+        F = np.exp(S - S.max(axis=1, keepdims=True))
+        F /= F.sum(axis=1, keepdims=True)
+        K = -F[:, :, None] * F[:, None, :]
+        K[:, np.arange(n), np.arange(n)] += F
+        Pc, Qc = W @ X, W.T @ X + u[:, None]
+        heads.append(((K, None), (Pc, np.zeros_like(Pc)), (Qc, np.zeros_like(Qc))))  # (point balls; radii unused)
+    M = np.empty((dn, dn), order="F")
+    for rows, (Hm, _) in gauss_newton_rows(heads, d, n):
+        M[rows] = Hm
+    del heads
+    M[np.diag_indices(dn)] += np.asarray(problem.Gamma, np.float64).reshape(-1) ** 2
+    c = float(np.trace(M)) / dn
+    T = np.asarray(tangent, np.float64).reshape(dn, -1)
+    if T.shape[1]:
+        Tc = np.asfortranarray(np.linalg.qr(T)[0] * math.sqrt(max(c, 0.0)))
+        scipy.linalg.blas.dsyrk(1.0, Tc, beta=1.0, c=M, lower=0, overwrite_c=1)  # upper triangle += Tc Tc^T
+    if not np.all(np.isfinite(M)):
+        return None, math.nan, "the Gauss-Newton matrix at X is not finite"
+    R, info = scipy.linalg.lapack.dpotrf(M, lower=0, overwrite_a=1, clean=0)
+    if info != 0:
+        return None, -math.inf, ("the Gauss-Newton matrix with the orbit lifted is not positive definite at X to float64 "
+                                 "accuracy (its Cholesky factorisation fails)")
+    y = np.random.default_rng(0).standard_normal(dn)
+    lam = math.inf
+    for _ in range(GRAM_INVERSE_ITERATIONS):
+        y = scipy.linalg.lapack.dpotrs(R, y, lower=0)[0]
+        y /= np.linalg.norm(y)
+        Ry = scipy.linalg.blas.dtrmv(R, y, lower=0)
+        previous, lam = lam, float(Ry @ Ry)  # y^T M y = ||R y||^2
+        if abs(previous - lam) <= 1e-3 * lam:
+            break
+    return _LiftedFactor((R, False)), lam, ""
+
+
 def _slice_polish(problem: Problem, X, P, factor, g_target: float) -> np.ndarray:
     """The double-double correction ``dX`` (``(2, d, n)``: hi and lo) of up to ``POLISH_STEPS`` Newton
-    steps on the slice from X: the float64 slice Hessian ``Hs = P^T H P`` (its Cholesky ``factor``), the
+    steps on the slice from X: the float64 slice Hessian ``Hs = P^T H P`` (its Cholesky ``factor``; or,
+    where ``factor`` is `_lifted_factor`'s, the whole-space step ``-M^-1 grad``), the
     gradient at ``X + dX`` from 320-bit ball arithmetic. Stops once ``||P^T grad|| <= g_target`` or a
     step gains less than 2x."""
     import scipy.linalg as sl
@@ -595,7 +659,10 @@ def _slice_polish(problem: Problem, X, P, factor, g_target: float) -> np.ndarray
         if g <= g_target or not g < g_prev / 2:
             break
         g_prev = g
-        step = -(P @ sl.cho_solve(factor, gz)).reshape(d, n)
+        if isinstance(factor, _LiftedFactor):  # the whole-space matrix of `_lifted_factor`
+            step = -sl.cho_solve(factor.cho, mid.reshape(-1)).reshape(d, n)
+        else:
+            step = -(P @ sl.cho_solve(factor, gz)).reshape(d, n)
         hi, err = two_sum(dX[0], step)
         dX = np.stack([hi, dX[1] + err])
     return dX
@@ -651,7 +718,13 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
         return None, (f"the interval-Hessian certificate is for exact fits: the loss at X is {loss:.3e} > {fit_tol:.1e} "
                       "(a strict local minimiser that does not reproduce the maps is not a recovery)")
     P = slice_basis(problem, X, sym)
-    factor, lam, why = _slice_factor(symmetrise(_slice_hessian(problem, X, P)))
+    # streamed: the whole-space Gauss-Newton matrix with the orbit lifted, for the polish and the estimate lam, and
+    # the lifted bound on sigma_min first (no J P; the Gram bounds are its fallback)
+    tangent = sym.orbit_tangent(X) if rows_per_block is not None else None
+    if tangent is not None:
+        factor, lam, why = _lifted_factor(problem, X, tangent)
+    else:
+        factor, lam, why = _slice_factor(symmetrise(_slice_hessian(problem, X, P)))
     if factor is None:
         return None, why
     # dX is itself a double-double (hi, lo), summed with TwoSum: a float64 dX put a floor of about
@@ -674,8 +747,6 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
             polished.append(X + (dX[0] + dX[1]))
         return None, (f"{POLISH_MOVED} by ||dX|| = {moved:.1e} > {POLISH_MAX_REL:g} max(1, ||X||): X is not at the "
                       "critical point to float64 accuracy")
-    # streamed, the lifted Gauss-Newton bound on sigma_min comes first (no J P; the Gram bounds are its fallback)
-    tangent = sym.orbit_tangent(X) if rows_per_block is not None else None
     tried = []
     for s in box_scales:
         if jacobian:
