@@ -9,8 +9,9 @@ For each one-head planted instance (d, n): the slice basis P at the planted X (a
 picks under the host budget (at least two blocks, so both methods stream), on the first box
 ``slice_certificate`` tries (half-width 1e-20 max(1, |X|_max)), with ``sigma="eigh"`` (two passes
 over ``J P``, ``eigh`` of the Gram matrix: about seven (k, k) arrays) and ``sigma="cholesky"`` (one
-pass, shifted Cholesky factorisations: one) and ``sigma="lifted"`` (no ``J P``: ``J^T J`` in closed form
-with the orbit tangent lifted, `sigma_min_sq_lower_lifted`; one (dn, dn) array). Each (size, method) runs in its own child process, so
+pass, shifted Cholesky factorisations: one) and ``lifted`` (`tangent_slice_bounds`: no P and no ``J P``,
+``J^T J`` in closed form with the orbit tangent lifted, on the slice orthogonal to the tangent; one
+(dn, dn) array; the basis P is made for every method, outside the timing). Each (size, method) runs in its own child process, so
 the peak RSS (``os.wait4``) is that method's, setup included (the same setup for both); the methods
 alternate within a size. The child keeps freed memory (`solver.memory.keep_freed_memory`), as
 `unmask` and recover_bench.py do. Prints seconds for the bound alone, wall seconds, peak GiB, the bound, and
@@ -36,7 +37,7 @@ def child(d: int, n: int, seed: int, method: str, out: str) -> None:
     """One measurement in this (fresh) process; writes its row to ``out``."""
     import numpy as np
 
-    from proofs_check.rigorous import jacobian_slice_bounds, jacobian_streaming_plan
+    from proofs_check.rigorous import jacobian_slice_bounds, jacobian_streaming_plan, tangent_slice_bounds
     from solver.certificate import slice_basis
     from solver.memory import host_budget, keep_freed_memory
     from solver.problem import planted_instance
@@ -53,8 +54,10 @@ def child(d: int, n: int, seed: int, method: str, out: str) -> None:
         rows = max(1, n // 2)
     box = 1e-20 * max(1.0, float(np.abs(X).max()))
     t = time.perf_counter()
-    b = jacobian_slice_bounds(problem, X, np.zeros_like(X), P, box, rows_per_block=rows, sigma=method,
-                              tangent=sym.orbit_tangent(X) if method == "lifted" else None)
+    if method == "lifted":  # (its own slice, the tangent's orthogonal complement: P is not used)
+        b = tangent_slice_bounds(problem, X, np.zeros_like(X), sym.orbit_tangent(X), box)
+    else:
+        b = jacobian_slice_bounds(problem, X, np.zeros_like(X), P, box, rows_per_block=rows, sigma=method)
     seconds = time.perf_counter() - t
     row = {"d": d, "n": n, "seed": seed, "k": int(k), "method": method, "rows_per_block": int(rows),
            "bound_seconds": seconds, "sigma_min_sq_lower": b["sigma_min_sq_lower"], "l_lower": b["l_lower"],

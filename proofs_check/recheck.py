@@ -366,7 +366,7 @@ def reference_gauss_newton_directions(problem: Problem, X: np.ndarray) -> tuple[
 
 
 def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> dict:
-    from .rigorous import gradient_enclosure, jacobian_slice_bounds, slice_bounds, slice_theorem
+    from .rigorous import gradient_enclosure, jacobian_slice_bounds, slice_bounds, slice_theorem, tangent_slice_bounds
 
     d, n = X.shape
     c = cert.constants or {}
@@ -379,10 +379,15 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         raise CertificateMismatchError("interval-Hessian certificate: dX or box_radius is not finite and positive")
     if np.linalg.norm(dX.sum(axis=0)) > POLISH_MAX_REL * max(1.0, float(np.linalg.norm(X))):
         raise CertificateMismatchError(f"dX is not a polish of X: ||dX|| = {np.linalg.norm(dX.sum(axis=0)):.3e}")
-    # this recheck's own orbit basis and slice complement
-    # the orbit tangent's complete Householder QR, without the (dn, dn) Q (the identity where t = 0)
+    # this recheck's own orbit tangent, and (except for the lifted bound, whose slice is the tangent's orthogonal
+    # complement itself) its slice basis: the complete Householder QR, without the (dn, dn) Q (the identity where t = 0)
     tangent = sym.orbit_tangent(X)
-    P = complement_basis(tangent)
+    used = c.get("sigma_from", "eigenvectors")
+    lifted = cert.kind == "interval-jacobian" and used == "lifted"
+    if lifted and c.get("slice") != "tangent":
+        raise CertificateMismatchError(f"a lifted bound is on the tangent's slice, but the certificate says slice "
+                                       f"{c.get('slice')!r}")
+    P = None if lifted else complement_basis(tangent)
     loss, args = _loss_and_args(problem)
     if cert.kind == "interval-jacobian":
         from solver.memory import GIB, host_budget
@@ -397,8 +402,7 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         # relative amount as J P itself (random-sign sums on both sides of the 1e-8 slack)
         # (a lifted bound sees the rows of the Gauss-Newton matrix J^T J instead: they are compared the same way
         # along random directions z of the whole space, with jax.vjp of jax.jvp)
-        used = c.get("sigma_from", "eigenvectors")
-        if used == "lifted":
+        if lifted:
             Z, ref_JPZ = reference_gauss_newton_directions(problem, X)
         else:
             Z, ref_JPZ = reference_slice_directions(problem, X, P)
@@ -417,33 +421,32 @@ def _recheck_slice(cert: Certificate, problem: Problem, X: np.ndarray, sym) -> d
         if rows_per_block == 0:
             raise MemoryBudgetError(f"the interval-Jacobian recheck would need about {need / GIB:.1f} GiB, even streamed")
         sigma = "auto"
-        if rows_per_block is not None:
-            # streamed: the bound on sigma_min the issuer used (before 0e00504 it was always the eigenvector one),
-            # since the other proves less on an ill-conditioned slice: one head (64, 128), seed 98, issued with the
-            # eigenvector fallback (1.66e-10) was refused by a recheck whose budget allowed only the Cholesky bound
-            # (3.77e-11 recomputed)
-            if used == "lifted":
-                sigma = "lifted"
-            elif used == "cholesky":
-                sigma = "cholesky"
-            elif used == "eigenvectors":
-                eigh_need = jacobian_eigh_bytes(problem, d * n, rows_per_block)
-                if eigh_need > budget:
-                    raise MemoryBudgetError(
-                        f"the certificate's sigma_min comes from the eigenvector bound, which would need about "
-                        f"{eigh_need / GIB:.1f} GiB streamed, over the "
-                        f"{budget / GIB:.1f} GiB budget")
-                sigma = "eigh"
-            else:
-                raise CertificateMismatchError(
-                    f"unknown sigma_from {used!r} (expected 'lifted', 'cholesky' or 'eigenvectors')")
-        elif used == "lifted":
-            sigma = "lifted"  # (it holds no J P, whole or streamed)
-        b = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=rows_per_block, on_block=compare, sigma=sigma,
-                                  tangent=tangent if sigma == "lifted" else None)
+        if lifted:
+            b = tangent_slice_bounds(problem, X, dX, tangent, box, on_block=compare)
+        else:
+            if rows_per_block is not None:
+                # streamed: the bound on sigma_min the issuer used (before 0e00504 it was always the eigenvector one),
+                # since the other proves less on an ill-conditioned slice: one head (64, 128), seed 98, issued with
+                # the eigenvector fallback (1.66e-10) was refused by a recheck whose budget allowed only the Cholesky
+                # bound (3.77e-11 recomputed)
+                if used == "cholesky":
+                    sigma = "cholesky"
+                elif used == "eigenvectors":
+                    eigh_need = jacobian_eigh_bytes(problem, d * n, rows_per_block)
+                    if eigh_need > budget:
+                        raise MemoryBudgetError(
+                            f"the certificate's sigma_min comes from the eigenvector bound, which would need about "
+                            f"{eigh_need / GIB:.1f} GiB streamed, over the "
+                            f"{budget / GIB:.1f} GiB budget")
+                    sigma = "eigh"
+                else:
+                    raise CertificateMismatchError(
+                        f"unknown sigma_from {used!r} (expected 'lifted', 'cholesky' or 'eigenvectors')")
+            b = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=rows_per_block, on_block=compare,
+                                      sigma=sigma)
         b.pop("jacobian_mid", None)
         scale = max(1.0, math.sqrt(ref_sq))
-        what = ("the ball Gauss-Newton matrix along {} random directions differs from jax.vjp of jax.jvp" if used == "lifted"
+        what = ("the ball Gauss-Newton matrix along {} random directions differs from jax.vjp of jax.jvp" if lifted
                 else "the ball Jacobian along {} random slice directions differs from jax.jvp").format(COMPARE_DIRECTIONS)
         if compared != ref_JPZ.shape[0]:
             raise CertificateMismatchError(f"{compared} rows were compared with the reference, of {ref_JPZ.shape[0]}")

@@ -287,6 +287,9 @@ def slice_theorem(b: dict) -> dict:
     (on the sphere ``grad phi(z) . z >= -g_up r + l_lower r^2 > 0``), so phi has a critical point
     ``z*`` there, the only one in the ball (strict convexity), with ``||z*|| <= g_up / l_lower``;
     hence ``||X - X*||_2 <= dX_2 + s_P g_up / l_lower`` for ``X* = X + dX + P z*``.
+
+    `tangent_slice_bounds` gives ``s_P = 1``: there z ranges over ``ker T^T`` itself (``P z`` is z), and
+    ``g_up`` bounds the gradient's projection onto it, the gradient of phi on that subspace.
     """
     A = flint.arb
     r = float((A(b["box_radius"]) / A(b["s_P"])).lower())  # rounded down
@@ -1003,34 +1006,35 @@ def gauss_newton_rows(heads, d: int, n: int):
         yield slice(a * n, (a + 1) * n), (H[0].reshape(n, d * n), H[1].reshape(n, d * n))
 
 
-def sigma_min_sq_lower_lifted(blocks, P: np.ndarray, tangent, p_defect: float, on_block=None,
-                              shifts=GRAM_SHIFTS) -> tuple[float, dict]:
-    """Rigorous lower bound on ``sigma_min(J P)^2`` for every J whose Gauss-Newton matrix ``J^T J`` lies
-    in the ball given by row blocks (``blocks()``, as `gauss_newton_rows` yields them; ``on_block(rows,
-    ball)`` sees each), with no ``J P`` and no (k, k) Gram matrix: the slice's near-null orbit directions
-    are lifted in the whole space instead of projected out.
+def sigma_min_sq_lower_lifted(blocks, tangent, on_block=None, shifts=GRAM_SHIFTS) -> tuple[float, dict]:
+    """Rigorous lower bound on ``min |J v|^2 / |v|^2`` over the nonzero v orthogonal to the columns of
+    ``tangent`` (T, (dn, t): the orbit tangent, exactly as given), for every J whose Gauss-Newton matrix
+    ``J^T J`` lies in the ball given by row blocks (``blocks()``, as `gauss_newton_rows` yields them;
+    ``on_block(rows, ball)`` sees each): the smallest eigenvalue of the Gauss-Newton matrix on the slice
+    ``ker T^T``, with no slice basis, no ``J P`` and no (k, k) Gram matrix. The orbit directions are
+    lifted in the whole space instead of projected out.
 
-    ``tangent`` (dn, t): the orbit tangent (any matrix: it decides how tight, not whether valid). With
-    ``Tc = fl(sqrt(c) Q_T)`` (``Q_T`` an orthonormal basis of its columns, ``c = tr(Hm) / dn``, so that
-    the lifted directions sit at the mean eigenvalue, above sigma_min^2), ``Ms`` the symmetric matrix of
-    the midpoints' lower triangle and ``M`` its float sum with ``Tc Tc^T``: for every v = P w and J,
+    With ``Ms`` the symmetric matrix of the midpoints' lower triangle, ``A = T C T^T`` for a symmetric
+    float64 C (``c fl((T^T T)^-1)``, symmetrised; c the mean diagonal, so that the lifted directions sit at
+    the mean eigenvalue, above the slice's smallest) and ``M = fl(Ms + A)`` as stored: ``v^T A v = 0`` for
+    every v in ``ker T^T`` whatever C is, so
 
-        |J v|^2 = v^T J^T J v >= v^T (Ms + Tc Tc^T) v - rho_H |v|^2 - |Tc^T v|^2
-                >= (lambda_min(M) - rho_lift - rho_H) |v|^2 - tau^2 |w|^2,
+        |J v|^2 = v^T J^T J v >= v^T Ms v - rho_H |v|^2 = v^T (M - E) v - rho_H |v|^2
+                >= (lambda_min(M) - rho_lift - rho_H) |v|^2,
 
     ``rho_H >= ||J^T J - Ms||_2`` (the symmetric radius matrix: its largest row sum, or its Frobenius
-    norm), ``rho_lift = gamma_(t+1) (||Ms||_F + ||Tc||_F^2)`` (the lift's addition, a dot of length
-    t + 1 per entry), ``tau >= ||Tc^T P||_2`` (a ball product: P is orthogonal to the tangent up to
-    rounding, so tau^2 is at the rounding level of c). With ``|v|^2 >= (1 - p_defect) |w|^2``
-    (``p_defect >= ||P^T P - I||_F``, `midrad.orthonormality_defect`): ``sigma_min(J P)^2 >= s (1 -
-    p_defect) - tau^2``, s = `_shifted_cholesky_bound` of M less ``rho_H + rho_lift``.
-
-    One (dn, dn) array (M in its strict lower triangle and a diagonal vector, the factors in its upper
-    one, as `sigma_min_sq_lower_cholesky`), and the factorisations are the same size as that bound's.
-    Its rounding terms are the same ``(dn + 1) u tr(M)`` too, so it proves about as much; what it saves is
-    the Gram pass (``2 H n^2 k^2`` flops)."""
-    dn, k = P.shape
-    T = np.asarray(tangent, np.float64).reshape(dn, -1)
+    norm) and ``rho_lift >= ||E||_2``, E the rounding of M's entries: ``fl(fl(T C) T^T)`` added to Ms, a
+    triple product and a sum, ``|E| <= gamma_(2t+1) (|Ms| + |T| |C| |T|^T)`` entrywise, so ``||E||_2 <=
+    gamma_(2t+1) (||Ms||_F + ||T||_F^2 ||C||_F)``. ``lambda_min(M)`` is proved by
+    `_shifted_cholesky_bound`. One (dn, dn) array (M in its strict lower triangle and a diagonal vector,
+    the factors in its upper one, as `sigma_min_sq_lower_cholesky`); its rounding terms are the same
+    ``(dn + 1) u tr(M)``, so it proves about as much as that bound on ``J P`` with P spanning ``ker
+    T^T``, without the Gram pass (``2 H n^2 k^2`` flops) or P."""
+    T = np.asarray(tangent, np.float64)
+    dn = T.shape[0]
+    t = T.shape[1] if T.ndim == 2 else -1
+    if t < 0 or t >= dn or not np.all(np.isfinite(T)):
+        raise ValueError(f"the tangent must be a finite (dn, t) array with t < dn, got shape {T.shape}")
     if not (dn + 1) * midrad.U < 0.01:
         raise ValueError(f"dimension {dn} too large for the a-priori rounding bound")
     S = np.zeros((dn, dn), order="F")
@@ -1064,37 +1068,75 @@ def sigma_min_sq_lower_lifted(blocks, P: np.ndarray, tangent, p_defect: float, o
     rows_sum = midrad.up(midrad.up(row_low, dn + 1) + midrad.up(col_low, 2 * dn + 1), 1)
     rho_h = min(float(np.max(rows_sum)), float(rad_fro_sq.sqrt().upper()))
     c = math.fsum(g_diag.tolist()) / dn
-    info = {"sigma_from": "lifted", "lift_weight": c, "gauss_newton_radius_norm": rho_h, "lift_dimension": T.shape[1]}
+    info = {"sigma_from": "lifted", "lift_weight": c, "gauss_newton_radius_norm": rho_h, "lift_dimension": t}
     if not (math.isfinite(c) and c > 0 and math.isfinite(rho_h)):
         info["cholesky"] = "the Gauss-Newton matrix's midpoint trace or radius is not finite and positive"
         return -math.inf, info
-    t = T.shape[1]
+    rho_lift = flint.arb(0)
     if t:
-        Tc = np.linalg.qr(T)[0] * math.sqrt(c)
+        C = c * np.linalg.inv(T.T @ T)
+        C = (C + C.T) / 2  # (any symmetric C is valid: it only decides how tight)
+        if not np.all(np.isfinite(C)):
+            info["cholesky"] = "the tangent's Gram matrix is not invertible in float64"
+            return -math.inf, info
+        B = np.ascontiguousarray(T @ C)
         for rows_t, cols_t in _below_diagonal_tiles(dn):
-            S[rows_t, cols_t] += Tc[rows_t] @ Tc[cols_t].T
+            S[rows_t, cols_t] += B[rows_t] @ T[cols_t].T
         for tile in _diagonal_tiles(dn):
             D = S[tile, tile]
-            L = Tc[tile] @ Tc[tile].T
+            L = B[tile] @ T[tile].T
             low = np.tril_indices(D.shape[0], -1)
             D[low] += L[low]
             g_diag[tile] += L.diagonal()
-        tc_sq = flint.arb(float(midrad.up(np.sum(Tc * Tc), Tc.size + 1)))
-        gamma = flint.arb(1.03 * (t + 2) * midrad.U)  # >= gamma_(t+1)
-        rho_lift = gamma * (mid_fro_sq.sqrt() + tc_sq)
-        TP = midrad.matmul_exact_cs((np.ascontiguousarray(Tc.T), None), P, midrad.column_norms_upper(P))
-        tau = flint.arb(midrad.norm_upper(TP))
-        del TP
-    else:
-        rho_lift, tau = flint.arb(0), flint.arb(0)
+        del B
+        t_sq = flint.arb(float(midrad.up(np.sum(T * T), T.size + 1)))
+        c_fro = flint.arb(midrad.norm_upper((C, None)))
+        gamma = flint.arb(1.03 * (2 * t + 2) * midrad.U)  # >= gamma_(2t+1)
+        rho_lift = gamma * (mid_fro_sq.sqrt() + t_sq * c_fro)
     rounding = float((flint.arb(rho_h) + rho_lift).upper())
-    info.update({"lift_rounding": float(rho_lift.upper()), "lift_leak_sq": float((tau * tau).upper())})
+    info["lift_rounding"] = float(rho_lift.upper())
     s = _shifted_cholesky_bound(S, g_diag, rounding, info, shifts, "lifted Gauss-Newton matrix")
     del S
-    if not s > 0:
-        return -math.inf, info
-    s2 = float((flint.arb(s) * (1 - flint.arb(p_defect)) - tau * tau).lower())
-    return (s2 if s2 > 0 else -math.inf), info
+    return (s if s > 0 else -math.inf), info
+
+
+def tangent_projection_upper(g, tangent) -> float:
+    """Upper bound on ``||Pi g||_2`` for every g of the ball ``g`` (flat (dn,) midpoint and radius), Pi the
+    orthogonal projector onto ``ker T^T``: ``||Pi g|| = min_y ||g - T y||``, so the ball norm of ``g - T y``
+    for the float64 least-squares y bounds it (any y does; y only decides how tight)."""
+    T = np.asarray(tangent, np.float64)
+    gm, gr = g
+    if T.shape[1] == 0:
+        return midrad.norm_upper((gm, gr))
+    y = np.linalg.lstsq(T, gm, rcond=None)[0]
+    Ty = midrad.matmul((T, None), (y.reshape(-1, 1), None))
+    return midrad.norm_upper(midrad.add((gm.reshape(-1, 1), gr.reshape(-1, 1)), Ty, -1.0))
+
+
+def tangent_slice_bounds(problem, X, dX, tangent, box_radius: float, *, on_block=None) -> dict:
+    """`jacobian_slice_bounds` on the slice ``ker T^T`` (``tangent`` T, the orbit tangent at X) with no
+    basis of it: the same keys, with ``s_P = 1`` (the slice's own coordinates are isometric), ``l_lower``
+    from the Gauss-Newton split with `sigma_min_sq_lower_lifted` (``sigma_from`` ``"lifted"``) and
+    ``g_up`` from `tangent_projection_upper` of the ball gradient at ``X + dX``; ``slice`` is
+    ``"tangent"``. `slice_theorem` then proves a unique critical point of ``v -> L(X + dX + v)`` on
+    ``ker T^T`` within ``box_radius``. ``on_block`` sees the row blocks of ``J^T J``.
+
+    Saves, against `jacobian_slice_bounds` streamed with the Cholesky bound, the Gram pass over ``J P``
+    and P itself (its QR complement and its orthonormality defect, a (k, k) product): at one head
+    (64, 256) about 750 s, 20 s and 100 s of a seed."""
+    X = np.asarray(X, np.float64)
+    dX = np.asarray(dX, np.float64)
+    d, n = X.shape
+    T = np.asarray(tangent, np.float64)
+    heads, e2, e2_rows = _jacobian_slice_setup(problem, X, dX, None, float(box_radius))
+    s2, info = sigma_min_sq_lower_lifted(lambda: gauss_newton_rows(heads, d, n), T, on_block)
+    mid, rad = gradient_enclosure(problem, X, dX)
+    g_up = tangent_projection_upper((mid.reshape(-1), rad.reshape(-1)), T)
+    l_lower = float((flint.arb(s2) - flint.arb(e2)).lower()) if math.isfinite(s2) else -math.inf
+    dX_inf, dX_2 = correction_stats(dX, X.shape)
+    return {"g_up": g_up, "s_P": 1.0, "l_lower": l_lower, "dX_inf": dX_inf, "dX_2": dX_2,
+            "box_radius": float(box_radius), "sigma_min_sq_lower": s2, "hessian_remainder": e2,
+            "hessian_remainder_rows": e2_rows, "slice": "tangent", **info}
 
 
 JACOBIAN_BLOCK_BYTES = 1 << 30  # per row block of J P when it is streamed (about 12 (rb n, k) float64 arrays)
@@ -1138,7 +1180,7 @@ def jacobian_eigh_bytes(problem, k: int, rows_per_block: int) -> float:
 
 
 def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_block: int | None = None,
-                          on_block=None, sigma: str = "auto", tangent=None) -> dict:
+                          on_block=None, sigma: str = "auto") -> dict:
     """`slice_bounds` for large dn, without a ball Hessian: the same keys (``g_up``, ``s_P``,
     ``l_lower``, ``dX_inf``, ``dX_2``, ``box_radius``), with ``l_lower`` from the Gauss-Newton
     split ``P^T hess L P >= (J P)^T (J P) - ||E||_2 ||P||^2`` (the regulariser's ``P^T diag(Gamma^2)
@@ -1162,26 +1204,17 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_bloc
     blocks and do not call ``on_block`` again. ``info["sigma_from"]`` says which bound was used (``"cholesky"`` or
     ``"eigenvectors"``; after a fallback ``info["cholesky"]`` says why).
 
-    ``tangent`` (streamed only): the orbit tangent at X, (dn, t). Given it, ``"auto"`` and ``"cholesky"``
-    first try `sigma_min_sq_lower_lifted` (``sigma_from`` ``"lifted"``: the Gauss-Newton matrix enclosed
-    by `gauss_newton_rows`, no ``J P``), keep it from ``CHOLESKY_ACCEPT`` of its estimate, and otherwise go
-    on as without it (``info["lifted"]`` says why); ``"lifted"`` is that bound alone, with ``on_block``
-    seeing the blocks of ``J^T J`` (not of ``J P``). Measured (benchmarks/sigma_bench.py, one head, planted
-    seed 0): at (64, 128) this call took 51.9 s with the lifted bound and 67.5 s with the Cholesky one,
-    9.23e-10 proved against 9.07e-10; at (64, 256) the lifted bound alone took 138 s, where a seed's
-    Gram pass had taken about 750 s.
+    Where the streamed path would run, `tangent_slice_bounds` (no P, no ``J P``) is the faster bound
+    on the tangent's own slice; `solver.certificate.slice_certificate` tries it first.
     """
-    if sigma not in ("auto", "cholesky", "eigh", "lifted"):
-        raise ValueError(f"sigma must be 'auto', 'cholesky', 'eigh' or 'lifted', got {sigma!r}")
-    if sigma == "lifted" and tangent is None:
-        raise ValueError("sigma='lifted' needs the orbit tangent")
+    if sigma not in ("auto", "cholesky", "eigh"):
+        raise ValueError(f"sigma must be 'auto', 'cholesky' or 'eigh', got {sigma!r}")
     P = np.asarray(P, np.float64)
     X = np.asarray(X, np.float64)
     dX = np.asarray(dX, np.float64)
     k = P.shape[1]
     heads, e2, e2_rows = _jacobian_slice_setup(problem, X, dX, P, float(box_radius))
-    p_defect = midrad.orthonormality_defect(P)  # ||P^T P - I||_F: s_P below, and the lifted bound's (1 - p_defect)
-    if rows_per_block is None and sigma != "lifted":
+    if rows_per_block is None:
         A = _whole(heads, P, X.shape[1])
         del heads
         if on_block is not None:
@@ -1198,32 +1231,18 @@ def jacobian_slice_bounds(problem, X, dX, P, box_radius: float, *, rows_per_bloc
             if on_block is not None:
                 on_block(rows, ball)
 
-        info, lifted_why = None, None
-        if tangent is not None and sigma != "eigh":
-            d, n = X.shape
-            s2, info = sigma_min_sq_lower_lifted(lambda: gauss_newton_rows(heads, d, n), P, tangent, p_defect,
-                                                 on_block if sigma == "lifted" else None)
-            if sigma != "lifted" and not s2 >= CHOLESKY_ACCEPT * info.get("gram_lambda_estimate", math.inf):
-                lifted_why = info.get("cholesky", f"{s2:.3e} proved, below {CHOLESKY_ACCEPT} x its estimate "
-                                                  f"{info.get('gram_lambda_estimate', math.nan):.3e}")
-                info = None
-        if info is None:  # the bounds on the Gram matrix of J P
-            blocks = lambda: _jacobian_slice_rows(heads, P, X.shape[1], rows_per_block)  # noqa: E731
-            if sigma == "eigh":
-                s2, info = sigma_min_sq_lower_streamed(blocks, k, seen)
-            else:
-                s2, info = sigma_min_sq_lower_cholesky(blocks, k, seen)
-                if sigma == "auto" and not s2 >= CHOLESKY_ACCEPT * info.get("gram_lambda_estimate", math.inf):
-                    why = info.get("cholesky", "")
-                    s2, info = sigma_min_sq_lower_streamed(blocks, k)
-                    info["cholesky"] = why
-            if lifted_why is not None:
-                info["lifted"] = lifted_why
-        out = {"rows_per_block": None if rows_per_block is None else int(rows_per_block)}
-        if info["sigma_from"] != "lifted":
-            out["jacobian_rad_norm"] = float(rad_sq.sqrt().upper())
+        blocks = lambda: _jacobian_slice_rows(heads, P, X.shape[1], rows_per_block)  # noqa: E731
+        if sigma == "eigh":
+            s2, info = sigma_min_sq_lower_streamed(blocks, k, seen)
+        else:
+            s2, info = sigma_min_sq_lower_cholesky(blocks, k, seen)
+            if sigma == "auto" and not s2 >= CHOLESKY_ACCEPT * info.get("gram_lambda_estimate", math.inf):
+                why = info.get("cholesky", "")
+                s2, info = sigma_min_sq_lower_streamed(blocks, k)
+                info["cholesky"] = why
+        out = {"jacobian_rad_norm": float(rad_sq.sqrt().upper()), "rows_per_block": int(rows_per_block)}
     dn = P.shape[0]
-    s_P = float((1 + flint.arb(p_defect)).sqrt().upper())
+    s_P = float((1 + flint.arb(midrad.orthonormality_defect(P))).sqrt().upper())
     mid, rad = gradient_enclosure(problem, X, dX)
     gz = midrad.matmul((P.T, None), (mid.reshape(dn, 1), rad.reshape(dn, 1)))
     g_up = midrad.norm_upper(gz)

@@ -44,11 +44,13 @@ about 12.8 GB for the whole path) it is streamed by blocks of attention rows and
 ``sigma_min(J P)^2`` is bounded by shifted Cholesky factorisations of its Gram matrix (one pass, one
 (k, k) array), with the eigenvector bound as the fallback where that fits
 (:func:`proofs_check.rigorous.jacobian_sigma_method`; ``constants["sigma_from"]``). Before either, the
-streamed path tries the lifted bound (``sigma_from`` ``"lifted"``,
-:func:`proofs_check.rigorous.sigma_min_sq_lower_lifted`): the Gauss-Newton matrix ``J^T J`` enclosed from
-its closed form, with the orbit directions lifted, and no ``J P`` at all (at one head (64, 256) 138 s
-where the Gram pass took about 750 s). The streamed path's polish and its estimate ``lambda_min`` come
-from the same lifted matrix in float64 (`_lifted_factor`), not from ``P^T H P`` by HVP blocks.
+streamed path tries the lifted bound (``sigma_from`` ``"lifted"``, ``slice`` ``"tangent"``,
+:func:`proofs_check.rigorous.tangent_slice_bounds`): on the slice orthogonal to the orbit tangent
+itself, with no basis P, the Gauss-Newton matrix ``J^T J`` enclosed from its closed form with the
+orbit directions lifted, and no ``J P`` at all (at one head (64, 256) the lifted bound took 138 s where
+the Gram pass took about 750 s); P is made only where it falls short. The streamed path's polish and
+its estimate ``lambda_min`` come from the same lifted matrix in float64 (`_lifted_factor`), not from
+``P^T H P`` by HVP blocks.
 
 The numbers are float64 evaluations with stated rounding margins
 (``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
@@ -578,8 +580,10 @@ def _slice_factor(Hs: np.ndarray) -> tuple[object | None, float, str]:
 
 @dataclass(frozen=True)
 class _LiftedFactor:
-    """The upper Cholesky factor (`scipy.linalg.cho_solve` form) of `_lifted_factor`'s whole-space matrix."""
+    """The upper Cholesky factor (`scipy.linalg.cho_solve` form) of `_lifted_factor`'s whole-space matrix,
+    and the orbit tangent it lifted (the slice is its orthogonal complement)."""
     cho: tuple
+    tangent: np.ndarray
 
 
 def _lifted_factor(problem: Problem, X, tangent) -> tuple[_LiftedFactor | None, float, str]:
@@ -635,15 +639,16 @@ def _lifted_factor(problem: Problem, X, tangent) -> tuple[_LiftedFactor | None, 
         previous, lam = lam, float(Ry @ Ry)  # y^T M y = ||R y||^2
         if abs(previous - lam) <= 1e-3 * lam:
             break
-    return _LiftedFactor((R, False)), lam, ""
+    return _LiftedFactor((R, False), T), lam, ""
 
 
 def _slice_polish(problem: Problem, X, P, factor, g_target: float) -> np.ndarray:
     """The double-double correction ``dX`` (``(2, d, n)``: hi and lo) of up to ``POLISH_STEPS`` Newton
     steps on the slice from X: the float64 slice Hessian ``Hs = P^T H P`` (its Cholesky ``factor``; or,
     where ``factor`` is `_lifted_factor`'s, the whole-space step ``-M^-1 grad``), the
-    gradient at ``X + dX`` from 320-bit ball arithmetic. Stops once ``||P^T grad|| <= g_target`` or a
-    step gains less than 2x."""
+    gradient at ``X + dX`` from 320-bit ball arithmetic. Stops once ``||P^T grad|| <= g_target`` (with the
+    lifted factor, P None: the gradient's component orthogonal to the lifted tangent, the slice
+    `proofs_check.rigorous.tangent_slice_bounds` bounds) or a step gains less than 2x."""
     import scipy.linalg as sl
 
     from proofs_check.midrad import two_sum
@@ -654,12 +659,18 @@ def _slice_polish(problem: Problem, X, P, factor, g_target: float) -> np.ndarray
     g_prev = math.inf
     for _ in range(POLISH_STEPS):
         mid, _ = gradient_enclosure(problem, X, dX)
-        gz = P.T @ mid.reshape(-1)
+        lifted = isinstance(factor, _LiftedFactor)  # the whole-space matrix of `_lifted_factor`
+        if lifted:
+            g_flat = mid.reshape(-1)
+            T = factor.tangent
+            gz = g_flat - T @ np.linalg.lstsq(T, g_flat, rcond=None)[0] if T.shape[1] else g_flat
+        else:
+            gz = P.T @ mid.reshape(-1)
         g = float(np.linalg.norm(gz))
         if g <= g_target or not g < g_prev / 2:
             break
         g_prev = g
-        if isinstance(factor, _LiftedFactor):  # the whole-space matrix of `_lifted_factor`
+        if lifted:
             step = -sl.cho_solve(factor.cho, mid.reshape(-1)).reshape(d, n)
         else:
             step = -(P @ sl.cho_solve(factor, gz)).reshape(d, n)
@@ -691,7 +702,13 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     critical point (2.5e-8 relative from the planted orbit).
     """
     from proofs_check.region import Region
-    from proofs_check.rigorous import jacobian_slice_bounds, slice_bounds, slice_theorem
+    from proofs_check.rigorous import (
+        CHOLESKY_ACCEPT,
+        jacobian_slice_bounds,
+        slice_bounds,
+        slice_theorem,
+        tangent_slice_bounds,
+    )
 
     if problem.variant != ATTENTION:
         return None, "the interval-Hessian certificate is for attention maps"
@@ -717,13 +734,14 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
     if not loss <= fit_tol:
         return None, (f"the interval-Hessian certificate is for exact fits: the loss at X is {loss:.3e} > {fit_tol:.1e} "
                       "(a strict local minimiser that does not reproduce the maps is not a recovery)")
-    P = slice_basis(problem, X, sym)
     # streamed: the whole-space Gauss-Newton matrix with the orbit lifted, for the polish and the estimate lam, and
-    # the lifted bound on sigma_min first (no J P; the Gram bounds are its fallback)
+    # the bound on the tangent's own slice first (no P, no J P); P and the Gram bounds only where that falls short
     tangent = sym.orbit_tangent(X) if rows_per_block is not None else None
     if tangent is not None:
+        P = None
         factor, lam, why = _lifted_factor(problem, X, tangent)
     else:
+        P = slice_basis(problem, X, sym)
         factor, lam, why = _slice_factor(symmetrise(_slice_hessian(problem, X, P)))
     if factor is None:
         return None, why
@@ -747,13 +765,21 @@ def slice_certificate(problem: Problem, X, sym, validation, iterations: int, *,
             polished.append(X + (dX[0] + dX[1]))
         return None, (f"{POLISH_MOVED} by ||dX|| = {moved:.1e} > {POLISH_MAX_REL:g} max(1, ||X||): X is not at the "
                       "critical point to float64 accuracy")
-    tried = []
+    tried, lifted_why = [], None
     for s in box_scales:
-        if jacobian:
-            b = jacobian_slice_bounds(problem, X, dX, P, s * scale, rows_per_block=rows_per_block, sigma=sigma,
-                                      tangent=tangent)
+        if tangent is not None and lifted_why is None:
+            b = tangent_slice_bounds(problem, X, dX, tangent, s * scale)
+            if not b["sigma_min_sq_lower"] >= CHOLESKY_ACCEPT * b.get("gram_lambda_estimate", math.inf):
+                lifted_why = b.get("cholesky") or (f"{b['sigma_min_sq_lower']:.3e} proved, below {CHOLESKY_ACCEPT} x "
+                                                   f"its estimate {b.get('gram_lambda_estimate', math.nan):.3e}")
+        if jacobian and (tangent is None or lifted_why is not None):
+            if P is None:
+                P = slice_basis(problem, X, sym)
+            b = jacobian_slice_bounds(problem, X, dX, P, s * scale, rows_per_block=rows_per_block, sigma=sigma)
             b.pop("jacobian_mid", None)
-        else:
+            if lifted_why is not None:
+                b["lifted"] = lifted_why
+        elif not jacobian:
             b = slice_bounds(problem, X, dX, P, s * scale)
             b.pop("hessian_mid")
         th = slice_theorem(b)

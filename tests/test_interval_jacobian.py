@@ -388,11 +388,11 @@ def test_a_streamed_certificate_is_issued_and_rechecked_whole_and_streamed(force
     rows, need = rig.jacobian_streaming_plan(problem, dn, 12 * 8 * problem.n**2 * dn - 1)
     assert rows == 3 and need < 12 * 8 * problem.n**2 * dn
     monkeypatch.setattr(certmod, "JACOBIAN_CERT_BYTES", need)
-    monkeypatch.setattr(certmod, "DENSE_HESSIAN_MAX", 0)  # and P^T H P from HVP blocks: dn = 8192's path
     cert, why = slice_certificate(problem, X, sym, None, iterations=0)
     assert cert is not None, why
-    assert cert.constants["rows_per_block"] == 3 and "jacobian_mid" not in cert.constants
-    assert cert.constants["sigma_from"] == "lifted"  # streamed: the lifted Gauss-Newton bound first
+    # streamed: the lifted Gauss-Newton bound first, on the tangent's own slice (no P, no J P, nothing streamed)
+    assert cert.constants["sigma_from"] == "lifted" and cert.constants["slice"] == "tangent"
+    assert "rows_per_block" not in cert.constants and "jacobian_mid" not in cert.constants
     # and where it is refused, the Cholesky bound (where need holds only its one (k, k) array)
     lifted = rig.sigma_min_sq_lower_lifted
     monkeypatch.setattr(rig, "sigma_min_sq_lower_lifted",
@@ -400,6 +400,7 @@ def test_a_streamed_certificate_is_issued_and_rechecked_whole_and_streamed(force
     chol, why = slice_certificate(problem, X, sym, None, iterations=0)
     assert chol is not None, why
     assert chol.constants["sigma_from"] == "cholesky" and chol.constants["lifted"] == "refused for the test"
+    assert chol.constants["rows_per_block"] == 3 and "slice" not in chol.constants
     monkeypatch.setattr(rig, "sigma_min_sq_lower_lifted", lifted)
     for c in (cert, chol):
         assert recheck(c, problem, X)["kind"] == "interval-jacobian"  # whole: the host budget holds it
@@ -412,6 +413,10 @@ def test_a_streamed_certificate_is_issued_and_rechecked_whole_and_streamed(force
         recheck(chol, problem, X)
     with pytest.raises(CertificateMismatchError, match="Gauss-Newton matrix .* differs from jax.vjp of jax.jvp"):
         recheck(cert, problem, X)
+    monkeypatch.undo()
+    # a lifted certificate that does not say it is on the tangent's slice
+    with pytest.raises(CertificateMismatchError, match="on the tangent's slice"):
+        recheck(replace(cert, constants={**cert.constants, "slice": "basis"}), problem, X)
 
 
 def test_recheck_uses_the_sigma_bound_the_certificate_used(forced, monkeypatch):
@@ -904,13 +909,22 @@ def test_gauss_newton_rows_cover_every_member_of_a_box():
         assert np.all(np.abs(J.T @ J - Hm) <= Hr + 1e-13 * scale)
 
 
-def _exact_sigma_sq(problem, X, P):
+def _exact_slice_sigma_sq(problem, X, T):
+    """min |J(X) v|^2 / |v|^2 over v orthogonal to T's columns, at 40 digits: J from 200-bit arb central
+    differences, an orthonormal basis of ker T^T from mpmath's complete QR of T."""
     import mpmath
 
-    J = _arb_jp(problem, X, P)
+    d, n = X.shape
+    dn = d * n
+    J = _arb_jp(problem, X, np.eye(dn))
     with mpmath.workdps(40):
-        M = mpmath.matrix([[mpmath.mpf(float(v.mid())) for v in row] for row in J])  # arb rounding ~1e-60: far below
-        return float(min(mpmath.svd_r(M, compute_uv=False)) ** 2)
+        Jm = mpmath.matrix([[mpmath.mpf(float(v.mid())) for v in row] for row in J])  # arb rounding ~1e-60: far below
+        if T.shape[1]:
+            Q, _ = mpmath.qr(mpmath.matrix(T.tolist()), mode="full")
+            N = Q[:, T.shape[1]:]
+        else:
+            N = mpmath.eye(dn)
+        return float(min(mpmath.svd_r(Jm * N, compute_uv=False)) ** 2)
 
 
 @settings(max_examples=12)
@@ -919,11 +933,11 @@ def _exact_sigma_sq(problem, X, P):
        box=st.sampled_from([0.0, 1e-10, 1e-6]))
 def test_lifted_sigma_bound_never_exceeds_the_exact_value(seed, d, extra, heads, exact_fit, tangent_kind, box):
     """Small instances at and off the fit, with the orbit tangent, a random "tangent" (any matrix gives a
-    valid bound: the lift only decides how tight) or none, and boxes of several widths: the lifted
-    bound is below the exact sigma_min(J(Y) P)^2 (40 digits) at the box's centre and at a random corner, or it
-    refuses (-inf, with a reason)."""
+    valid bound on its own orthogonal complement: the lift only decides how tight) or none, and boxes of
+    several widths: the lifted bound is below the exact min of |J(Y) v|^2 / |v|^2 over v orthogonal to
+    the tangent (40 digits) at the box's centre and at a random corner, or it refuses (-inf, with a
+    reason)."""
     from proofs_check.rigorous import _jacobian_slice_setup, gauss_newton_rows, sigma_min_sq_lower_lifted
-    from solver.certificate import complement_basis
 
     n = d + extra
     problem, X_true = planted_instance(d, n, heads=heads, seed=seed % 1000)
@@ -936,21 +950,23 @@ def test_lifted_sigma_bound_never_exceeds_the_exact_value(seed, d, extra, heads,
         T = rng.standard_normal((dn, int(rng.integers(1, 3))))
     else:
         T = np.zeros((dn, 0))
-    P = complement_basis(T)
-    heads_b, _, _ = _jacobian_slice_setup(problem, X, np.zeros((2, d, n)), P, box)
-    lo, info = sigma_min_sq_lower_lifted(lambda: gauss_newton_rows(heads_b, d, n), P, T, midrad.orthonormality_defect(P))
+    heads_b, _, _ = _jacobian_slice_setup(problem, X, np.zeros((2, d, n)), None, box)
+    lo, info = sigma_min_sq_lower_lifted(lambda: gauss_newton_rows(heads_b, d, n), T)
     if lo == -np.inf:
         assert info["cholesky"], info
         return
     Y = X + box * rng.choice([-1.0, 1.0], size=X.shape)
-    true = min(_exact_sigma_sq(problem, X, P), _exact_sigma_sq(problem, Y, P))
+    true = min(_exact_slice_sigma_sq(problem, X, T), _exact_slice_sigma_sq(problem, Y, T))
     assert 0 < lo <= true, (lo, true, info)
 
 
 def test_lifted_bound_is_the_cholesky_bound_to_a_few_percent(forced):
-    """On the (8, 16) one-head certificate's box: the lifted bound (J^T J with the orbit lifted, no J P)
-    and the Gram-Cholesky bound (J P's Gram matrix) are both shifted Cholesky proofs at 0.95 of an
-    estimate, so they agree to a few percent, and both are below the whole path's eigenvector bound."""
+    """On the (8, 16) one-head certificate's box: the lifted bound on the tangent's slice (J^T J with the
+    orbit lifted, no P or J P) and the Gram-Cholesky bound on P's (J P's Gram matrix) are both shifted
+    Cholesky proofs at 0.95 of an estimate, on two slices that agree to rounding, so they agree to a few
+    percent, and both are below the whole path's eigenvector bound; the gradients agree too."""
+    from proofs_check.rigorous import tangent_slice_bounds
+
     problem, _, X, sym, cert, _ = forced
     P = slice_basis(problem, X, sym)
     dX = np.asarray(cert.constants["dX"]).reshape(-1, *X.shape)
@@ -958,15 +974,9 @@ def test_lifted_bound_is_the_cholesky_bound_to_a_few_percent(forced):
     whole = jacobian_slice_bounds(problem, X, dX, P, box)
     chol = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=3, sigma="cholesky")
     rows = []
-    lifted = jacobian_slice_bounds(problem, X, dX, P, box, rows_per_block=3, sigma="lifted",
-                                   tangent=sym.orbit_tangent(X), on_block=lambda r, ball: rows.append(r))
-    assert lifted["sigma_from"] == "lifted" and "jacobian_rad_norm" not in lifted
+    lifted = tangent_slice_bounds(problem, X, dX, sym.orbit_tangent(X), box, on_block=lambda r, ball: rows.append(r))
+    assert lifted["sigma_from"] == "lifted" and lifted["slice"] == "tangent" and lifted["s_P"] == 1.0
     assert [r.start for r in rows] == list(range(0, X.size, problem.n))  # every row of J^T J, n at a time
-    assert 0.85 * whole["l_lower"] <= lifted["l_lower"] <= whole["l_lower"]
+    assert 0.85 * whole["l_lower"] <= lifted["l_lower"] <= 1.001 * whole["l_lower"]
     assert abs(lifted["l_lower"] - chol["l_lower"]) <= 0.05 * chol["l_lower"]
-    assert lifted["g_up"] == chol["g_up"] and lifted["s_P"] == chol["s_P"]
-    # the same held whole (rows_per_block None: the lifted bound holds no J P either way)
-    same = jacobian_slice_bounds(problem, X, dX, P, box, sigma="lifted", tangent=sym.orbit_tangent(X))
-    assert same["l_lower"] == lifted["l_lower"] and same["rows_per_block"] is None
-    with pytest.raises(ValueError, match="needs the orbit tangent"):
-        jacobian_slice_bounds(problem, X, dX, P, box, sigma="lifted")
+    assert abs(lifted["g_up"] - chol["g_up"]) <= 1e-3 * chol["g_up"]
