@@ -1015,7 +1015,7 @@ def sigma_min_sq_lower_lifted(blocks, tangent, on_block=None, shifts=GRAM_SHIFTS
     lifted in the whole space instead of projected out.
 
     With ``Ms`` the symmetric matrix of the midpoints' lower triangle, ``A = T C T^T`` for a symmetric
-    float64 C (``c fl((T^T T)^-1)``, symmetrised; c the mean diagonal, so that the lifted directions sit at
+    float64 C (``c fl((T^T T)^+)``, symmetrised; c the mean diagonal, so that the lifted directions sit at
     the mean eigenvalue, above the slice's smallest) and ``M = fl(Ms + A)`` as stored: ``v^T A v = 0`` for
     every v in ``ker T^T`` whatever C is, so
 
@@ -1074,10 +1074,10 @@ def sigma_min_sq_lower_lifted(blocks, tangent, on_block=None, shifts=GRAM_SHIFTS
         return -math.inf, info
     rho_lift = flint.arb(0)
     if t:
-        C = c * np.linalg.inv(T.T @ T)
+        C = c * np.linalg.pinv(T.T @ T, hermitian=True)  # (dependent columns too: the lift covers their span)
         C = (C + C.T) / 2  # (any symmetric C is valid: it only decides how tight)
         if not np.all(np.isfinite(C)):
-            info["cholesky"] = "the tangent's Gram matrix is not invertible in float64"
+            info["cholesky"] = "the tangent's Gram matrix has no finite pseudo-inverse in float64"
             return -math.inf, info
         B = np.ascontiguousarray(T @ C)
         for rows_t, cols_t in _below_diagonal_tiles(dn):

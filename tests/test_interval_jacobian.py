@@ -929,11 +929,12 @@ def _exact_slice_sigma_sq(problem, X, T):
 
 @settings(max_examples=12)
 @given(seed=st.integers(0, 2**32 - 1), d=st.integers(2, 3), extra=st.integers(1, 3), heads=st.integers(1, 2),
-       exact_fit=st.booleans(), tangent_kind=st.sampled_from(["orbit", "random", "none"]),
+       exact_fit=st.booleans(), tangent_kind=st.sampled_from(["orbit", "dependent", "random", "none"]),
        box=st.sampled_from([0.0, 1e-10, 1e-6]))
 def test_lifted_sigma_bound_never_exceeds_the_exact_value(seed, d, extra, heads, exact_fit, tangent_kind, box):
     """Small instances at and off the fit, with the orbit tangent, a random "tangent" (any matrix gives a
-    valid bound on its own orthogonal complement: the lift only decides how tight) or none, and boxes of
+    valid bound on its own orthogonal complement: the lift only decides how tight), the orbit tangent with
+    a repeated column, or none, and boxes of
     several widths: the lifted bound is below the exact min of |J(Y) v|^2 / |v|^2 over v orthogonal to
     the tangent (40 digits) at the box's centre and at a random corner, or it refuses (-inf, with a
     reason)."""
@@ -944,8 +945,10 @@ def test_lifted_sigma_bound_never_exceeds_the_exact_value(seed, d, extra, heads,
     rng = np.random.default_rng(seed)
     X = np.asarray(X_true) if exact_fit else np.asarray(X_true) + 0.2 * rng.standard_normal(X_true.shape)
     dn = d * n
-    if tangent_kind == "orbit":
+    if tangent_kind in ("orbit", "dependent"):
         T = symmetries(problem).orbit_tangent(X)
+        if tangent_kind == "dependent":  # a repeated column: (T^T T) is singular, its pseudo-inverse still lifts
+            T = np.concatenate([T, T[:, :1] * 2.0], axis=1) if T.shape[1] else rng.standard_normal((dn, 1))
     elif tangent_kind == "random":
         T = rng.standard_normal((dn, int(rng.integers(1, 3))))
     else:
