@@ -785,6 +785,20 @@ def _below_diagonal_tiles(k: int):
             yield rows, slice(i0, i0 + GRAM_PANEL)
 
 
+def _add_to_lower(S: np.ndarray, g_diag: np.ndarray, addend) -> None:
+    """Adds a symmetric matrix to the one held in ``S``'s strict lower triangle and ``g_diag``, by
+    (GRAM_PANEL, GRAM_PANEL) tiles: ``addend(rows, cols)`` gives its tile ``[rows, cols]`` on and below
+    the diagonal (one addition per entry; a diagonal tile's upper triangle is not used)."""
+    for rows, cols in _below_diagonal_tiles(S.shape[0]):
+        S[rows, cols] += addend(rows, cols)
+    for tile in _diagonal_tiles(S.shape[0]):
+        D = S[tile, tile]
+        L = addend(tile, tile)
+        low = np.tril_indices(D.shape[0], -1)
+        D[low] += L[low]
+        g_diag[tile] += L.diagonal()
+
+
 def _gram_lower_grouped(blocks, k: int, on_block=None, group_rows: int = GRAM_GROUP_ROWS):
     """``(S, g_diag, stats)``: ``fl(Am^T Am)`` of the midpoint of the ball given by row blocks
     (``blocks()``, ``on_block`` as in `sigma_min_sq_lower_cholesky`) in one (k, k) Fortran array:
@@ -814,13 +828,7 @@ def _gram_lower_grouped(blocks, k: int, on_block=None, group_rows: int = GRAM_GR
 
     def add_group():  # lower triangle += the group's upper triangle, transposed, by tiles
         nonlocal in_group, groups, most
-        for rows, cols in _below_diagonal_tiles(k):
-            S[rows, cols] += S[cols, rows].T
-        for tile in _diagonal_tiles(k):
-            D = S[tile, tile]
-            low = np.tril_indices(D.shape[0], -1)
-            D[low] += D.T[low]
-            g_diag[tile] += D.diagonal()
+        _add_to_lower(S, g_diag, lambda rows, cols: S[cols, rows].T)
         groups, most, in_group = groups + 1, max(most, in_group), 0
 
     for rows, blk in blocks():
@@ -1080,14 +1088,7 @@ def sigma_min_sq_lower_lifted(blocks, tangent, on_block=None, shifts=GRAM_SHIFTS
             info["cholesky"] = "the tangent's Gram matrix has no finite pseudo-inverse in float64"
             return -math.inf, info
         B = np.ascontiguousarray(T @ C)
-        for rows_t, cols_t in _below_diagonal_tiles(dn):
-            S[rows_t, cols_t] += B[rows_t] @ T[cols_t].T
-        for tile in _diagonal_tiles(dn):
-            D = S[tile, tile]
-            L = B[tile] @ T[tile].T
-            low = np.tril_indices(D.shape[0], -1)
-            D[low] += L[low]
-            g_diag[tile] += L.diagonal()
+        _add_to_lower(S, g_diag, lambda rows, cols: B[rows] @ T[cols].T)
         del B
         t_sq = flint.arb(float(midrad.up(np.sum(T * T), T.size + 1)))
         c_fro = flint.arb(midrad.norm_upper((C, None)))

@@ -49,8 +49,8 @@ streamed path tries the lifted bound (``sigma_from`` ``"lifted"``, ``slice`` ``"
 itself, with no basis P, the Gauss-Newton matrix ``J^T J`` enclosed from its closed form with the
 orbit directions lifted, and no ``J P`` at all (at one head (64, 256) the lifted bound took 138 s where
 the Gram pass took about 750 s); P is made only where it falls short. The streamed path's polish and
-its estimate ``lambda_min`` come from the same lifted matrix in float64 (`_lifted_factor`), not from
-``P^T H P`` by HVP blocks.
+its estimate ``lambda_min`` come from the closed-form Hessian with the orbit lifted, in float64
+(`_lifted_factor`), not from ``P^T H P`` by HVP blocks.
 
 The numbers are float64 evaluations with stated rounding margins
 (``lambda_min`` is lowered by ``10 dn eps ||H||``); the interval-arithmetic
@@ -588,47 +588,30 @@ class _LiftedFactor:
 
 def _lifted_factor(problem: Problem, X, tangent) -> tuple[_LiftedFactor | None, float, str]:
     """``(factor, lam, why)`` as `_slice_factor` gives for ``P^T H P``, for the streamed path, from the
-    float64 whole-space matrix ``M = J^T J + diag(Gamma^2) + Tc Tc^T`` at X instead: J^T J from
-    `proofs_check.rigorous.gauss_newton_rows` on point balls (float64 attention maps, no arb), the orbit
-    tangent lifted (``Tc = sqrt(c) Q_T``, c the mean diagonal). At an exact fit the Hessian is
-    ``J^T J + diag(Gamma^2)`` up to the residual-weighted term, and the orbit directions are (nearly) in
-    its kernel, so M's smallest eigenvalue is about the slice Hessian's: ``lam`` is its inverse-iteration
-    estimate, and `_slice_polish` steps by ``-M^-1 grad``. No P, no HVPs, one (dn, dn) array factorised in
-    place: at one head (64, 256) the slice Hessian from HVP blocks took about 265 s and its factorisation
-    and Lanczos about 60 s of a seed."""
+    float64 whole-space matrix ``M = H + Tc Tc^T`` at X instead: H the closed-form Hessian
+    (`attention_hessian`, Gamma^2 included), the orbit tangent lifted (``Tc = sqrt(c) Q_T``, c the mean
+    diagonal). The orbit directions are (nearly) in H's kernel, so M's smallest eigenvalue is about the
+    slice Hessian's: ``lam`` is its inverse-iteration estimate, and `_slice_polish` steps by ``-M^-1
+    grad``. No P, no HVPs, one (dn, dn) array factorised in place: at one head (64, 256) the slice
+    Hessian from HVP blocks took about 265 s and its factorisation and Lanczos about 60 s of a seed."""
     import scipy.linalg.blas
     import scipy.linalg.lapack
 
-    from proofs_check.rigorous import GRAM_INVERSE_ITERATIONS, gauss_newton_rows
+    from proofs_check.rigorous import GRAM_INVERSE_ITERATIONS
 
     X = np.asarray(X, np.float64)
-    d, n = X.shape
-    dn = d * n
-    heads = []
-    for h in range(problem.heads):
-        W, u = np.asarray(problem.W[h], np.float64), np.asarray(problem.U[h], np.float64)
-        S = X.T @ W @ X + (u @ X)[None, :]
-        F = np.exp(S - S.max(axis=1, keepdims=True))
-        F /= F.sum(axis=1, keepdims=True)
-        K = -F[:, :, None] * F[:, None, :]
-        K[:, np.arange(n), np.arange(n)] += F
-        Pc, Qc = W @ X, W.T @ X + u[:, None]
-        heads.append(((K, None), (Pc, np.zeros_like(Pc)), (Qc, np.zeros_like(Qc))))  # (point balls; radii unused)
-    M = np.empty((dn, dn), order="F")
-    for rows, (Hm, _) in gauss_newton_rows(heads, d, n):
-        M[rows] = Hm
-    del heads
-    M[np.diag_indices(dn)] += np.asarray(problem.Gamma, np.float64).reshape(-1) ** 2
+    dn = X.size
+    M = attention_hessian(problem, X).T  # (Fortran order, for LAPACK: H's transpose, the same matrix to rounding)
     c = float(np.trace(M)) / dn
     T = np.asarray(tangent, np.float64).reshape(dn, -1)
     if T.shape[1]:
         Tc = np.asfortranarray(np.linalg.qr(T)[0] * math.sqrt(max(c, 0.0)))
         scipy.linalg.blas.dsyrk(1.0, Tc, beta=1.0, c=M, lower=0, overwrite_c=1)  # upper triangle += Tc Tc^T
     if not np.all(np.isfinite(M)):
-        return None, math.nan, "the Gauss-Newton matrix at X is not finite"
+        return None, math.nan, "the Hessian at X is not finite"
     R, info = scipy.linalg.lapack.dpotrf(M, lower=0, overwrite_a=1, clean=0)
     if info != 0:
-        return None, -math.inf, ("the Gauss-Newton matrix with the orbit lifted is not positive definite at X to float64 "
+        return None, -math.inf, ("the Hessian with the orbit lifted is not positive definite at X to float64 "
                                  "accuracy (its Cholesky factorisation fails)")
     y = np.random.default_rng(0).standard_normal(dn)
     lam = math.inf
@@ -657,9 +640,9 @@ def _slice_polish(problem: Problem, X, P, factor, g_target: float) -> np.ndarray
     d, n = problem.d, problem.n
     dX = np.zeros((2, d, n))
     g_prev = math.inf
+    lifted = isinstance(factor, _LiftedFactor)  # the whole-space matrix of `_lifted_factor`
     for _ in range(POLISH_STEPS):
         mid, _ = gradient_enclosure(problem, X, dX)
-        lifted = isinstance(factor, _LiftedFactor)  # the whole-space matrix of `_lifted_factor`
         if lifted:
             g_flat = mid.reshape(-1)
             T = factor.tangent
