@@ -300,8 +300,8 @@ def test_complement_basis_refuses_what_is_not_a_finite_tall_array():
 
 @pytest.mark.parametrize("d,n,heads", [(8, 16, 1), (6, 18, 2), (32, 64, 1)])
 def test_lifted_factor_steps_as_the_slice_hessian_does(d, n, heads):
-    """The streamed path's polish matrix (`_lifted_factor`: J^T J in closed form, the orbit tangent lifted,
-    no P, no HVPs) against the slice Hessian P^T H P at a planted exact fit: its smallest-eigenvalue
+    """The streamed path's polish matrix (`_lifted_factor`: the closed-form Hessian, the orbit tangent
+    lifted, no P, no HVPs) against the slice Hessian P^T H P at a planted exact fit: its smallest-eigenvalue
     estimate within 1% of eigvalsh's, and on slice gradients its Newton step is the slice Newton step
     (to cond(H) eps) with no component along the orbit."""
     import scipy.linalg as sl
